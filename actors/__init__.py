@@ -1,0 +1,1 @@
+"""Thin Ray actors around the dreamgym library."""

@@ -1,0 +1,1 @@
+"""Data I/O: the transitions Parquet format."""

@@ -1,0 +1,1 @@
+"""Environment protocol and adapters (real and remote)."""

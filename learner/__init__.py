@@ -1,0 +1,1 @@
+"""The GRPO learner (torch/transformers): buildable and steppable without Ray."""
