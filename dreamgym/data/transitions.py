@@ -168,7 +168,9 @@ def open_transitions(path: str | Path) -> pq.ParquetFile:
     return pf
 
 
-def iter_batches(path: str | Path, batch_size: int = 4096, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+def iter_batches(
+    path: str | Path, batch_size: int = 4096, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Stream a transitions file in batches (bounded memory), checking values on the way."""
     pf = open_transitions(path)
     for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
