@@ -134,9 +134,33 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
 }
 
 
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate ``--section.field VALUE`` / ``--section.field=VALUE`` overrides from the rest.
+
+    Done before argparse so an override's value is never mistaken for the CONFIG positional.
+    """
+    rest: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        name = tok[2:].partition("=")[0]
+        if tok.startswith("--") and "." in name:
+            overrides.append(tok)
+            if "=" not in tok and i + 1 < len(argv):
+                overrides.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(tok)
+        i += 1
+    return rest, overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    rest, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(rest)
+    extra += overrides
     if args.command is None:
         parser.print_help()
         return 0
