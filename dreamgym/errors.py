@@ -24,5 +24,29 @@ class EnvironmentUnavailableError(DreamGymError):
     """The environment cannot start: missing runtime (Java), unreachable server, bad game file."""
 
 
+class RemoteEnvironmentError(DreamGymError):
+    """An environment server answered a request with an error or with a reply the client cannot read."""
+
+
 class DataSchemaError(DreamGymError):
     """A data file does not match the documented schema."""
+
+
+class ReplayError(DreamGymError):
+    """The replay buffer was given input it cannot use (see the subclasses)."""
+
+
+class VectorSizeError(ReplayError):
+    """A vector's length differs from the replay collection's dimension."""
+
+
+class FilterFieldError(ReplayError):
+    """A retrieval filter names a field the replay buffer does not index, or has a malformed value."""
+
+
+class ReplayStorageUnavailableError(ReplayError):
+    """The replay storage cannot be opened: unreachable Qdrant server, locked or mismatched folder."""
+
+
+class SnapshotError(ReplayError):
+    """A replay snapshot is missing, incomplete, corrupt or does not fit the buffer it is restored into."""

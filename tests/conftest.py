@@ -39,7 +39,8 @@ def ray_cluster():
         yield ray
         return
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    # address="local": always a fresh cluster of our own, even when RAY_ADDRESS or another Ray is around.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              namespace="dreamgym-tests")
     yield ray
     ray.shutdown()

@@ -1,0 +1,405 @@
+"""``dreamgym serve-env``: any local adapter served over HTTP, AgentGym-compatible.
+
+The verbs and field names follow AgentGym's environment servers (see ``remote_dialects``), so an
+AgentGym-style client can drive it, and ``RemoteEnv`` (dialect ``dreamgym``) gets what our richer
+protocol needs: task listing, gold actions, abstract states, success flags. Ids are accepted as
+``id`` or ``env_idx``, in bodies and in query strings.
+
+=======================  ===========================================================================
+endpoint                 meaning
+=======================  ===========================================================================
+``GET /``                ``{ok, protocol, env, split, max_steps, admissible_actions, state_rules, envs}``
+``POST /create``         a new adapter instance -> ``{id, env_idx}`` (body fields are ignored)
+``POST /reset``          ``{id, task}`` (a task from ``/tasks``) or ``{id, data_idx|game|session_id|idx}``
+                         (index i = ``tasks(1, first=i, split=env.split)``) -> ``{id, observation,
+                         state, instruction, available_actions, task, reward, done, success, info}``
+``POST /step``           ``{id, action}`` -> ``{id, observation, state, instruction, available_actions,
+                         reward, done, success, info}``
+``GET /observation``     the raw observation text (``?id=``)
+``GET /available_actions``  the admissible actions or ``null``
+``GET /instruction_text``   the task instruction
+``GET /gold_actions``    the expert plan of the running episode or ``null``
+``GET /tasks``           ``?count=&first=&split=`` -> a list of tasks (``Task.to_dict()``)
+``GET /detail``          the episode's task, step count and whether it is done
+``GET /list_envs``       ids of the live instances
+``POST /close``          ``{id}`` -> ``{id, closed}``; releases the instance
+=======================  ===========================================================================
+
+Errors are JSON ``{"error": message, "type": class}`` with a 4xx status for the client's mistakes
+(unknown id 404, missing field or bad value 422, unknown task 400, step without an episode 409,
+too many instances 429) and 5xx for engine failures.
+
+Concurrency: engines are not thread-safe, so each instance has its own lock and requests run in
+FastAPI's thread pool; different instances step in parallel, one instance serialises. A separate
+"catalog" instance answers ``/tasks`` and turns reset indices into tasks, so listing tasks never
+disturbs a running episode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from dreamgym.envs.registry import make_env
+from dreamgym.envs.remote_dialects import PROTOCOL
+from dreamgym.errors import DreamGymError, EnvironmentSpecError, EnvironmentUnavailableError
+from dreamgym.types import Observation, Task
+
+if TYPE_CHECKING:
+    from dreamgym.config import EnvConfig
+    from dreamgym.envs.base import Environment
+
+T = TypeVar("T")
+
+#: Reset body fields that carry a task index, one per AgentGym server family.
+INDEX_FIELDS = ("data_idx", "game", "session_id", "idx")
+
+
+class ApiError(Exception):
+    """A request the server refuses, with its HTTP status."""
+
+    def __init__(self, status: int, message: str, kind: str = "RemoteEnvironmentError") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+@dataclass
+class _Slot:
+    """One adapter instance and its episode."""
+
+    env: Environment
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    task: Task | None = None
+    observation: Observation | None = None
+    steps: int = 0
+    done: bool = False
+
+
+class EnvPool:
+    """The adapter instances of one server, keyed by integer id."""
+
+    def __init__(self, cfg: EnvConfig, max_envs: int = 256) -> None:
+        self.cfg = cfg
+        self.max_envs = max_envs
+        # Built now so a wrong spec or wrong game parameters fail at startup, not at the first request.
+        self.catalog = make_env(cfg)
+        self.catalog_lock = threading.Lock()
+        self.spec = self.catalog.spec
+        try:  # start the engine once: a missing runtime or bad game parameters show now
+            self.tasks(1, 0, cfg.split)
+        except BaseException:
+            self.catalog.close()
+            raise
+        self._slots: dict[int, _Slot] = {}
+        self._lock = threading.Lock()
+        self._next_id = 0
+
+    def create(self) -> int:
+        with self._lock:
+            if len(self._slots) >= self.max_envs:
+                raise ApiError(429, f"this server holds {self.max_envs} environments already; "
+                                    "POST /close the ones you no longer use")
+            env_id, self._next_id = self._next_id, self._next_id + 1
+        slot = _Slot(env=make_env(self.cfg))  # outside the pool lock: engines can be slow to build
+        with self._lock:
+            self._slots[env_id] = slot
+        return env_id
+
+    def get(self, env_id: int) -> _Slot:
+        with self._lock:
+            slot = self._slots.get(env_id)
+            live = sorted(self._slots)
+        if slot is None:
+            shown = ", ".join(map(str, live[:20])) or "none"
+            raise ApiError(404, f"unknown environment id {env_id}; live ids: {shown} (POST /create makes one)")
+        return slot
+
+    def ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._slots)
+
+    def close(self, env_id: int) -> None:
+        slot = self.get(env_id)
+        with self._lock:
+            self._slots.pop(env_id, None)
+        with slot.lock:
+            slot.env.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            slots, self._slots = list(self._slots.values()), {}
+        for env in [*(s.env for s in slots), self.catalog]:
+            with contextlib.suppress(Exception):  # shutting down: one failed close must not stop the rest
+                env.close()
+
+    def tasks(self, count: int, first: int, split: str) -> list[Task]:
+        with self.catalog_lock:
+            return self.catalog.tasks(count, first=first, split=split)
+
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+class _IdBody(BaseModel):
+    # AgentGym clients send extra fields (world_type, seed, ...): accept and ignore them.
+    model_config = ConfigDict(extra="allow")
+
+    id: int | None = None
+    """The environment id (ALFWorld/ScienceWorld/TextCraft style)."""
+    env_idx: int | None = None
+    """The environment id (WebShop/WebArena style)."""
+
+
+class _StepBody(_IdBody):
+    action: str
+
+
+class _ResetBody(_IdBody):
+    task: dict[str, Any] | None = None
+    data_idx: int | None = None
+    game: int | None = None
+    session_id: int | None = None
+    idx: int | None = None
+
+
+def _env_id(where: str, id_: int | None, env_idx: int | None) -> int:
+    if id_ is None and env_idx is None:
+        raise ApiError(422, f"{where}: the environment id is missing; send 'id' (or 'env_idx')")
+    if id_ is not None and env_idx is not None and id_ != env_idx:
+        raise ApiError(422, f"{where}: 'id' ({id_}) and 'env_idx' ({env_idx}) disagree")
+    return id_ if id_ is not None else env_idx  # type: ignore[return-value]
+
+
+# -- replies ----------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """Adapter ``info`` may hold engine objects; anything JSON cannot hold becomes its ``str``."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _observation_reply(env_id: int, obs: Observation) -> dict[str, Any]:
+    return {"id": env_id, "observation": obs.text, "state": obs.state, "instruction": obs.instruction,
+            "available_actions": obs.admissible_actions}
+
+
+def _engine_call(where: str, fn: Callable[[], T]) -> T:
+    """Run an adapter call, turning its failures into HTTP errors with a message."""
+    try:
+        return fn()
+    except ApiError:
+        raise
+    except EnvironmentSpecError as e:
+        raise ApiError(400, f"{where}: {e}", "EnvironmentSpecError") from None
+    except EnvironmentUnavailableError as e:
+        raise ApiError(503, f"{where}: {e}", "EnvironmentUnavailableError") from None
+    except DreamGymError as e:
+        raise ApiError(400, f"{where}: {e}", type(e).__name__) from None
+    except Exception as e:
+        raise ApiError(500, f"{where}: the environment failed: {type(e).__name__}: {e}", "EngineError") from None
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+
+def build_app(cfg: EnvConfig, max_envs: int = 256) -> FastAPI:
+    """The FastAPI app serving ``cfg``'s environment; its instances are closed at app shutdown."""
+    pool = EnvPool(cfg, max_envs=max_envs)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.close_all()  # here, not after uvicorn returns: uvicorn re-raises SIGTERM on its way out
+
+    app = FastAPI(title=f"dreamgym environment server: {pool.spec}", lifespan=lifespan)
+    app.state.pool = pool
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message, "type": exc.kind}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                problems.append("the body is not valid JSON")
+                continue
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{loc}: {err.get('msg', 'invalid')}")
+        message = f"{request.method} {request.url.path}: " + "; ".join(problems)
+        return JSONResponse({"error": message, "type": "RequestValidationError"}, status_code=422)
+
+    @app.get("/")
+    def hello() -> dict[str, Any]:
+        return {"ok": True, "protocol": PROTOCOL, "env": pool.spec, "split": cfg.split, "max_steps": cfg.max_steps,
+                "admissible_actions": cfg.admissible_actions, "state_rules": pool.catalog.state_rules,
+                "envs": len(pool.ids())}
+
+    @app.get("/list_envs")
+    def list_envs() -> list[int]:
+        return pool.ids()
+
+    @app.post("/create")
+    def create(body: dict[str, Any] | None = None) -> dict[str, int]:
+        env_id = _engine_call("POST /create", pool.create)
+        return {"id": env_id, "env_idx": env_id}
+
+    @app.post("/reset")
+    def reset(body: _ResetBody) -> dict[str, Any]:
+        slot_id = _env_id("POST /reset", body.id, body.env_idx)
+        slot = pool.get(slot_id)
+        task = _engine_call("POST /reset", lambda: _task_of(body, pool))
+        with slot.lock:
+            slot.task, slot.observation = None, None  # a failed reset leaves no episode to step
+            obs = _engine_call("POST /reset", lambda: slot.env.reset(task))
+            slot.task, slot.observation, slot.steps, slot.done = task, obs, 0, False
+        return {**_observation_reply(slot_id, obs), "task": task.to_dict(), "reward": 0.0, "done": False,
+                "success": False, "info": {}}
+
+    @app.post("/step")
+    def step(body: _StepBody) -> dict[str, Any]:
+        slot_id = _env_id("POST /step", body.id, body.env_idx)
+        slot = pool.get(slot_id)
+        with slot.lock:
+            if slot.task is None:
+                raise ApiError(409, f"POST /step: environment {slot_id} has no episode; POST /reset first")
+            if slot.done:
+                raise ApiError(409, f"POST /step: the episode of environment {slot_id} has ended; POST /reset "
+                                    "to start another")
+            result = _engine_call("POST /step", lambda: slot.env.step(body.action))
+            slot.observation, slot.steps, slot.done = result.observation, slot.steps + 1, result.done
+        return {**_observation_reply(slot_id, result.observation), "reward": float(result.reward),
+                "done": bool(result.done), "success": bool(result.success), "info": _jsonable(result.info)}
+
+    def _slot_with_episode(where: str, id_: int | None, env_idx: int | None) -> _Slot:
+        slot = pool.get(_env_id(where, id_, env_idx))
+        if slot.observation is None:
+            raise ApiError(409, f"{where}: this environment has no episode yet; POST /reset first")
+        return slot
+
+    @app.get("/observation")
+    def observation(id: int | None = None, env_idx: int | None = None) -> str:
+        slot = _slot_with_episode("GET /observation", id, env_idx)
+        return slot.observation.text  # type: ignore[union-attr]
+
+    @app.get("/available_actions")
+    def available_actions(id: int | None = None, env_idx: int | None = None) -> list[str] | None:
+        slot = _slot_with_episode("GET /available_actions", id, env_idx)
+        with slot.lock:
+            return _engine_call("GET /available_actions", slot.env.admissible_actions)
+
+    @app.get("/instruction_text")
+    def instruction_text(id: int | None = None, env_idx: int | None = None) -> str:
+        slot = _slot_with_episode("GET /instruction_text", id, env_idx)
+        return slot.observation.instruction  # type: ignore[union-attr]
+
+    @app.get("/gold_actions")
+    def gold_actions(id: int | None = None, env_idx: int | None = None) -> list[str] | None:
+        slot = _slot_with_episode("GET /gold_actions", id, env_idx)
+        with slot.lock:
+            return _engine_call("GET /gold_actions", slot.env.gold_actions)
+
+    @app.get("/detail")
+    def detail(id: int | None = None, env_idx: int | None = None) -> dict[str, Any]:
+        slot_id = _env_id("GET /detail", id, env_idx)
+        slot = pool.get(slot_id)
+        return {"id": slot_id, "task": slot.task.to_dict() if slot.task else None, "steps": slot.steps,
+                "done": slot.done, "instruction": slot.observation.instruction if slot.observation else ""}
+
+    @app.get("/tasks")
+    def tasks(count: int = Query(10, ge=0, le=100_000), first: int = Query(0, ge=0),
+              split: str | None = None) -> list[dict[str, Any]]:
+        found = _engine_call("GET /tasks", lambda: pool.tasks(count, first, split or cfg.split))
+        return [_task_reply(t, pool.spec) for t in found]
+
+    @app.post("/close")
+    def close(body: _IdBody) -> dict[str, Any]:
+        slot_id = _env_id("POST /close", body.id, body.env_idx)
+        _engine_call("POST /close", lambda: pool.close(slot_id))
+        return {"id": slot_id, "closed": True}
+
+    return app
+
+
+def _task_reply(task: Task, spec: str) -> dict[str, Any]:
+    return _jsonable(dataclasses.replace(task, env=spec).to_dict())
+
+
+def _task_of(body: _ResetBody, pool: EnvPool) -> Task:
+    """The task a reset asks for: a task object, or an index into the server's task list."""
+    if body.task is not None:
+        try:
+            task = Task.from_dict(body.task)
+        except TypeError as e:
+            raise ApiError(422, f"POST /reset: 'task' is not a task object ({e}); take one from GET /tasks") from None
+        # A client names tasks by its own spec (remote:dreamgym); any other family is another game.
+        if task.env != pool.spec and not task.env.startswith("remote:"):
+            raise ApiError(400, f"POST /reset: task {task.task_id!r} is for {task.env!r}; this server runs "
+                                f"{pool.spec!r}", "EnvironmentSpecError")
+        return dataclasses.replace(task, env=pool.spec)
+    for name in INDEX_FIELDS:
+        index = getattr(body, name)
+        if index is not None:
+            if index < 0:
+                raise ApiError(422, f"POST /reset: {name}={index} must not be negative")
+            return pool.tasks(1, index, pool.cfg.split)[0]
+    raise ApiError(422, "POST /reset: send 'task' (a task from GET /tasks) or a task index "
+                        f"({', '.join(INDEX_FIELDS)})")
+
+
+# -- running it -------------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket, bound here so a busy port is one clear error instead of a uvicorn log line."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise EnvironmentUnavailableError(f"cannot serve on host {host!r}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise EnvironmentUnavailableError(
+            f"cannot listen on {host}:{port} ({e.strerror}); pick another --port or stop what uses it"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(cfg: EnvConfig, host: str = "127.0.0.1", port: int = 36001, max_envs: int = 256) -> None:
+    """Serve ``cfg``'s environment on ``host:port`` until interrupted (SIGINT/SIGTERM)."""
+    import uvicorn
+
+    sock = _bind(host, port)
+    try:
+        app = build_app(cfg, max_envs=max_envs)
+        shown = f"[{host}]" if ":" in host else host
+        line = (f"dreamgym serve-env: serving {app.state.pool.spec} on http://{shown}:{port} "
+                f"(AgentGym protocol: POST /create /reset /step /close, GET /tasks /observation ...)")
+
+        class _Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                if self.started:
+                    print(line, flush=True)
+
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        _Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
