@@ -23,7 +23,8 @@ def connect(cfg: RayConfig) -> str:
         if address:
             ray.init(address=address, log_to_driver=cfg.log_to_driver, configure_logging=False)
             return f"Ray cluster at {address}"
-        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
+        # "local": a fresh single-node Ray even if another one runs on this machine (join it with "auto").
+        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
                  configure_logging=False)
         return "local Ray"
     except (ConnectionError, TimeoutError) as e:

@@ -1,0 +1,103 @@
+"""``ray job submit`` against a real Ray head started on loopback by this test.
+
+The head runs in the foreground (``ray start --head --block``) in its own process group, so the test
+stops exactly the cluster it started (no machine-wide ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    gcs, dash = _free_port(), _free_port()
+    # Ray 2.60 clusters require token authentication; the head and the job client share a fresh token.
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.pop("RAY_ADDRESS", None)
+    log = (tmp_path / "head.log").open("w")
+    head = subprocess.Popen(
+        [str(VENV_BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
+         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+         "--include-dashboard=true", "--disable-usage-stats"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash}"
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline:
+            if head.poll() is not None:
+                pytest.fail(f"ray head exited: {(tmp_path / 'head.log').read_text()[-2000:]}")
+            r = subprocess.run([str(VENV_BIN / "ray"), "job", "list", "--address", address],
+                               capture_output=True, text=True, env=env)
+            if r.returncode == 0:
+                break
+            time.sleep(2)
+        else:
+            pytest.fail("ray head did not answer within 180 s")
+        yield address, env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+        log.close()
+
+
+def _ray(*args: str, env: dict[str, str]) -> str:
+    # The head's job agent comes up a few seconds after the dashboard answers: retry only that.
+    for _ in range(90):
+        r = subprocess.run([str(VENV_BIN / "ray"), *args], capture_output=True, text=True, env=env, timeout=120)
+        if "No available agent" not in r.stderr:
+            break
+        time.sleep(2)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_collect_job_succeeds(ray_head, tmp_path) -> None:
+    from dreamgym.data.transitions import summarise
+
+    address, env = ray_head
+    out = tmp_path / "job.parquet"
+    runtime_env = {"env_vars": {"HF_HUB_OFFLINE": "1", "DREAMGYM_JOB_MARK": "from-runtime-env"}}
+    submitted = _ray("job", "submit", "--no-wait", "--address", address, "--runtime-env-json", json.dumps(runtime_env),
+                     "--", str(VENV_BIN / "dreamgym"), "collect", "--env", "twx:coin", "--episodes", "16",
+                     "--out", str(out), "--run.out_dir", str(tmp_path / "runs"), env=env)
+    match = re.search(r"(raysubmit_\w+)", submitted)
+    assert match, submitted
+    job_id = match.group(1)
+    deadline = time.time() + 600
+    status = ""
+    while time.time() < deadline:
+        status = _ray("job", "status", "--address", address, job_id, env=env)
+        if re.search(r"\b(SUCCEEDED|FAILED|STOPPED)\b", status):
+            break
+        time.sleep(3)
+    logs = _ray("job", "logs", "--address", address, job_id, env=env)
+    assert "SUCCEEDED" in status, status[-1000:] + logs[-3000:]
+    assert summarise(out)["episodes"] == 16
+    # The job joined the cluster it was submitted to instead of starting a Ray of its own.
+    assert "existing Ray session" in logs or "Ray cluster at" in logs, logs[-2000:]
