@@ -92,3 +92,14 @@ def test_cli_collect_end_to_end(tmp_path) -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote" in r.stdout and summarise(out)["episodes"] == 20
+
+
+def test_scienceworld_collection(ray_cluster, tmp_path) -> None:
+    """ScienceWorld through the same collector: gold episodes win; admissible lists are optional (slow)."""
+    s = _collect(tmp_path, "--env.name", "sciworld:find-living-thing", "--collect.policy", "gold",
+                 "--collect.episodes", "2", "--collect.workers", "1", "--env.admissible_actions", "false",
+                 "--env.max_steps", "40")
+    table = read_transitions(s["out"])
+    assert s["episodes"] == 2 and s["success_rate"] == 1.0
+    assert set(table.column("env").to_pylist()) == {"sciworld:find-living-thing"}
+    assert table.column("admissible_actions").null_count == table.num_rows
