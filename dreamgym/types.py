@@ -31,6 +31,10 @@ class Task:
     """Environment parameters that reproduce it (game parameters, seed, variation, split, file)."""
     origin: str = "seed"
     """``seed`` for tasks from the environment or a task file, ``generated`` for curriculum tasks."""
+    kind: str = ""
+    """How a generated task was made (empty for seed tasks): ``param`` (a real parameter change,
+    checked in and runnable by the real environment) or ``llm`` (an instruction written by the
+    experience model for the parent's world; runs in synthesis, the real game keeps its own goal)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +97,18 @@ class Transition:
     """Which policy produced the action (``gold``, ``random``, ``policy@v3``, ...)."""
     valid: bool = True
     """False for synthetic transitions whose experience-model reply could not be parsed."""
+    # -- policy tokens (set by policy rollouts; ``None`` for scripted policies and offline data) --
+    action_parsed: bool = True
+    """False when the policy's reply had no ``<action>...</action>`` tag; ``action`` then holds the
+    stripped raw reply, which is what the environment received."""
+    prompt_token_ids: list[int] | None = None
+    """Token ids of the agent prompt the policy engine was given at this step."""
+    action_token_ids: list[int] | None = None
+    """Token ids the policy sampled for its reply (reasoning and action); the tokens GRPO trains on."""
+    action_logprobs: list[float] | None = None
+    """Log-probability of each sampled token under the sampling policy (after temperature)."""
+    weight_version: int | None = None
+    """The policy weight version that sampled this step's reply."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,3 +144,77 @@ class WeightVersion:
 
     version: int
     step: int
+
+
+@dataclass
+class AgentTurn:
+    """What the agent sees when it must act: the input of one policy decision."""
+
+    task: Task
+    observation: Observation
+    history: list[tuple[str, str]] = field(default_factory=list)
+    """Earlier steps of the episode as ``(action, observation state after it)``, oldest first."""
+
+
+@dataclass
+class ActionSample:
+    """One reply sampled by a policy engine, parsed into the action the environment receives."""
+
+    text: str
+    """The raw reply (reasoning, if any, and the tagged action)."""
+    action: str
+    """The action sent to the environment: the tag's content, or the stripped reply if unparsable."""
+    parsed: bool
+    """Whether the reply contained a well-formed action tag."""
+    prompt_token_ids: list[int]
+    """The prompt as token ids (chat template applied)."""
+    token_ids: list[int]
+    """The sampled reply tokens."""
+    logprobs: list[float]
+    """Log-probability of each sampled token under the sampling distribution (after temperature)."""
+    weight_version: int
+    """The weight version of the engine when it sampled this reply."""
+    finish_reason: str = ""
+    """``stop`` (end of sequence or the closing action tag) or ``length`` (hit ``max_tokens``)."""
+
+
+@dataclass
+class Demonstration:
+    """One of the top-k demonstrations the replay buffer retrieves for a query ``(s_t, a_t)``: a stored
+    transition, its similarity to the query and the metadata it was stored with."""
+
+    transition: Transition
+    score: float
+    """Similarity of ``phi(s, a)`` of the stored transition to the query's (dot product of unit vectors)."""
+    id: str
+    """The stored point id (a UUID derived from the transition's content, see ``dreamgym.replay.records``)."""
+    iteration: int = -1
+    """Training iteration that produced it (``-1`` for offline seed data)."""
+    policy_version: int = -1
+    """Policy weight version that sampled its action (``-1`` where unknown, e.g. offline data)."""
+
+    # The transition's fields read through, so consumers that take "anything with state, action,
+    # next_state, reward, done, success" (the experience model's prompt builder) accept it as is.
+    @property
+    def state(self) -> str:
+        return self.transition.state
+
+    @property
+    def action(self) -> str:
+        return self.transition.action
+
+    @property
+    def next_state(self) -> str:
+        return self.transition.next_state
+
+    @property
+    def reward(self) -> float:
+        return self.transition.reward
+
+    @property
+    def done(self) -> bool:
+        return self.transition.done
+
+    @property
+    def success(self) -> bool:
+        return self.transition.success

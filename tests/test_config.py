@@ -44,7 +44,7 @@ def test_override_values_are_typed() -> None:
         (["--collect.gold_fraction", "1.5"], "collect.gold_fraction"),
         (["--env.name", "coin"], "env.name: Value error, expected 'family:name'"),
         (["--env.max_stepz", "3"], "env.max_stepz: unknown key; valid keys here: admissible_actions"),
-        (["--nosection.x", "3"], "nosection: unknown key; valid keys here: collect, env"),
+        (["--nosection.x", "3"], "nosection: unknown key; valid keys here: collect, curriculum, env"),
     ],
 )
 def test_bad_values_name_the_field_and_reason(overrides: list[str], fragment: str) -> None:

@@ -1,0 +1,341 @@
+"""``dreamgym train``: the DreamGym loop on Ray.
+
+One iteration ``t`` (the paper's Algorithm 1, with GRPO)::
+
+    tasks    = curriculum.select()                     # B tasks, high reward variance V_tau first
+    groups   = rollouts(tasks x n, env)                # env: experience model (synthetic) or real
+    replay.add(valid transitions of the groups)        # the buffer grows with the policy's experience
+    learner.step(groups)  -> weights v+1               # GRPO, group-relative advantages
+    sync(weights v+1 -> every policy engine)           # the next rollouts sample from v+1
+    curriculum.step(groups)                            # V_tau per task, task generation
+
+Modes (one loop, another environment): ``synthetic`` (DreamGym), ``real`` (GRPO in the real environment,
+the baseline) and ``s2r`` (``train.synthetic_iterations`` in synthesis, then real within
+``train.real_budget`` real transitions). With ``train.max_staleness >= 1`` the rollouts of ``t+1`` are
+launched before the learner step of ``t`` (they overlap it and may sample with weights one version old;
+groups staler than the bound are dropped and counted). The real environment evaluates the policy on a
+fixed held-out task set before training, every ``train.eval_every`` iterations and at the end, always
+beside the random-valid-action baseline on the same tasks, with the real transitions spent so far.
+
+Setup (offline data, replay seeding, actors, warm start) is ``actors.train_setup``; the counters and
+checkpoints ``dreamgym.train_state``; the report ``dreamgym.report``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.cluster import connect
+from actors.train_setup import Actors, offline_data, seed_replay, start_actors, uses_synthetic, warm_start
+from dreamgym.config import DreamGymConfig, load_config, save_config
+from dreamgym.errors import ConfigError
+from dreamgym.progress import MetricSinks, Progress
+from dreamgym.rollout import RolloutStats, group_stats, group_trajectories, is_valid, repeat_tasks
+from dreamgym.runs import MetricsLog, create_run_dir
+from dreamgym.train_state import (
+    TrainState,
+    checkpoint_dir,
+    latest_run_checkpoint,
+    load_driver_state,
+    save_driver_state,
+    write_json_atomic,
+)
+from dreamgym.types import Group, Task, Trajectory
+
+
+def phase_of(cfg: DreamGymConfig, iteration: int) -> str:
+    """``synthetic`` or ``real``: where iteration ``iteration`` (0-based) trains."""
+    t = cfg.train
+    if t.mode == "s2r":
+        return "synthetic" if iteration < t.synthetic_iterations else "real"
+    return t.mode
+
+
+def _merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    total = RolloutStats()
+    extra: dict[str, float] = {}
+    for p in parts:
+        total += RolloutStats(**{k: p[k] for k in RolloutStats.__dataclass_fields__})
+        for k, v in p.items():
+            if k.startswith("em_"):
+                extra[k] = extra.get(k, 0) + v
+    wall = max((p["seconds"] for p in parts), default=0.0)
+    total.seconds = wall  # workers run in parallel: the phase took as long as the slowest one
+    return {**total.as_dict(), **extra, "real_resets": sum(p.get("real_resets", 0) for p in parts)}
+
+
+class Run:
+    """One training run (fresh or resumed) and its driver-side state."""
+
+    def __init__(self, cfg: DreamGymConfig, run_dir: Path, state: TrainState, resumed_from: Path | None) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.state = state
+        self.resumed_from = resumed_from
+        self.metrics = MetricsLog(run_dir)
+        self.progress = Progress(cfg.train.progress, cfg.train.iterations)
+        self.sinks: MetricSinks | None = None
+        self.a = Actors()
+        self.t_session = time.time()
+        self.eval_tasks: list[Task] = [Task.from_dict(d) for d in state.eval_tasks]
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def say(self, text: str, phase: str = "setup") -> None:
+        self.progress.line("", phase, text)
+
+    def record(self, event: str, step: int, **data: Any) -> None:
+        self.metrics.write(event=event, iteration=step, **data)
+        if self.sinks is not None:
+            self.sinks.log(step, data, prefix=f"{event}/")
+
+    def rollouts(self, tasks: Sequence[Task], phase: str, temperature: float | None = None,
+                 seed: int = 0) -> list[ray.ObjectRef]:
+        """Launch one episode per task, split evenly over the workers; returns the refs."""
+        w = self.a.workers
+        chunks = [list(tasks[i::len(w)]) for i in range(len(w))]
+        return [wk.run.remote(c, phase, temperature, seed) for wk, c in zip(w, chunks, strict=True) if c]
+
+    @staticmethod
+    def collect(refs: Sequence[ray.ObjectRef]) -> tuple[list[Trajectory], dict[str, Any]]:
+        results = ray.get(list(refs))
+        trajs = [t for tr, _ in results for t in tr]
+        return trajs, _merge_stats([s for _, s in results])
+
+    # -- evaluation ------------------------------------------------------------------------------------
+    def evaluate(self, label: str) -> None:
+        t = self.cfg.train
+        tasks = repeat_tasks(self.eval_tasks, t.eval_episodes_per_task)
+        t0 = time.perf_counter()
+        if self.state.baseline is None:
+            _, base = self.collect(self.rollouts(tasks, "random", seed=self.cfg.run.seed))
+            self.state.baseline = {k: base[k] for k in ("success_rate", "mean_reward", "episodes", "steps")}
+            self.state.eval_transitions += int(base["steps"])
+        _, s = self.collect(self.rollouts(tasks, "eval", t.eval_temperature, seed=self.state.iteration))
+        self.state.eval_transitions += int(s["steps"])
+        seconds = time.perf_counter() - t0
+        self.state.add_phase("eval", seconds, int(s["episodes"]), int(s["steps"]))
+        b = self.state.baseline
+        rec = {"label": label, "iteration": self.state.iteration, "real_transitions": self.state.real_transitions,
+               "success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "episodes": s["episodes"],
+               "unparsable_rate": s["unparsable_rate"], "invalid_action_rate": s["invalid_action_rate"],
+               "baseline_success_rate": b["success_rate"], "baseline_mean_reward": b["mean_reward"],
+               "seconds": seconds}
+        self.state.evals.append(rec)
+        self.record("eval", self.state.iteration, **rec)
+        self.progress.line(self.state.iteration, "eval",
+                           f"held-out {len(tasks)} ep: success {s['success_rate']:.0%} reward {s['mean_reward']:.2f} "
+                           f"(random valid action: {b['success_rate']:.0%} / {b['mean_reward']:.2f}) | unparsable "
+                           f"{s['unparsable_rate']:.0%} invalid-act {s['invalid_action_rate']:.0%} | "
+                           f"real used {self.state.real_transitions} | {seconds:.0f} s")
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        t0 = time.perf_counter()
+        d = checkpoint_dir(self.run_dir, self.state.iteration)
+        ray.get(self.a.learner.save_checkpoint.remote(str(d)))
+        self.state.wall_seconds += time.time() - self.t_session
+        self.t_session = time.time()
+        save_driver_state(d, self.state, ray.get(self.a.curriculum.state_dict.remote()))
+        self.state.add_phase("checkpoint", time.perf_counter() - t0)
+        self.record("checkpoint", self.state.iteration, path=str(d), seconds=time.perf_counter() - t0)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def budget_left(self) -> bool:
+        b = self.cfg.train.real_budget
+        return b is None or self.state.real_transitions < b
+
+    def can_launch(self, iteration: int) -> bool:
+        return iteration < self.cfg.train.iterations and (phase_of(self.cfg, iteration) != "real" or self.budget_left())
+
+    def launch(self, iteration: int) -> dict[str, Any]:
+        phase = phase_of(self.cfg, iteration)
+        tasks = ray.get(self.a.curriculum.select.remote())
+        skipped = 0
+        if phase == "real":  # text-only variants have no real game of their own: they train in synthesis only
+            kept = [t for t in tasks if t.kind != "llm"]
+            skipped, tasks = len(tasks) - len(kept), kept
+        n = self.cfg.learner.group_size
+        refs = self.rollouts(repeat_tasks(tasks, n), phase, seed=iteration)
+        return {"iteration": iteration, "phase": phase, "tasks": tasks, "refs": refs, "t0": time.perf_counter(),
+                "skipped_llm_tasks": skipped}
+
+    def iterate(self, pending: dict[str, Any]) -> dict[str, Any] | None:
+        cfg, st = self.cfg, self.state
+        it, phase = pending["iteration"], pending["phase"]
+        trajs, s = self.collect(pending["refs"])
+        roll_s = time.perf_counter() - pending["t0"]
+        st.add_phase(phase, roll_s, int(s["episodes"]), int(s["steps"]))
+        if phase == "real":
+            st.real_transitions += int(s["steps"])
+        else:
+            st.synthetic_transitions += int(s["steps"])
+            st.invalid_transitions += int(s["invalid_transitions"])
+        st.real_resets = max(st.real_resets, int(s["real_resets"]))
+        self.progress.rollouts(it + 1, phase, s, st.real_transitions, cfg.train.real_budget)
+        nxt = None
+        if cfg.train.max_staleness >= 1 and self.can_launch(it + 1):
+            nxt = self.launch(it + 1)  # overlaps the learner step below (bounded staleness)
+        groups, left_out = group_trajectories(trajs, min_size=2)
+        version = int(ray.get(self.a.learner.version.remote()))
+        fresh = [g for g in groups if version - min(t.weight_version for t in g.trajectories)
+                 <= cfg.train.max_staleness]
+        stale = len(groups) - len(fresh)
+        t0 = time.perf_counter()
+        added = self.a.replay.add([tr for t in trajs if is_valid(t) for tr in t.transitions], iteration=it)
+        st.add_phase("replay", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        lm = ray.get(self.a.learner.step.remote(fresh))
+        st.add_phase("learner", time.perf_counter() - t0)
+        sync: dict[str, Any] = {}
+        if not lm.get("skipped"):
+            st.learner_steps += 1
+            t0 = time.perf_counter()
+            sync = ray.get(self.a.learner.sync.remote(self.a.engines))
+            st.add_phase("sync", time.perf_counter() - t0)
+        cm = ray.get(self.a.curriculum.step.remote(groups))
+        st.iteration = it + 1
+        gs = group_stats(groups)
+        self.progress.line(st.iteration, "learner",
+                           f"{int(gs['groups'])} groups ({int(gs['mixed_groups'])} with reward variance, "
+                           f"{stale} stale, {left_out} invalid episodes left out) | loss {lm.get('loss', 0):.4f} "
+                           f"{lm.get('tokens_per_s', 0):.0f} tok/s {lm.get('seconds', 0):.0f} s | weights "
+                           f"v{int(lm['version'])} synced in {sync.get('seconds', 0):.1f} s | "
+                           f"pool {cm.get('pool_size')}")
+        self.record("iteration", st.iteration, phase=phase, rollout=s, groups=gs, stale_groups=stale,
+                    left_out=left_out, learner=lm, sync=sync, replay=added.to_dict(),
+                    curriculum={k: v for k, v in cm.items() if not isinstance(v, list)},
+                    real_transitions=st.real_transitions, synthetic_transitions=st.synthetic_transitions,
+                    rollout_seconds=roll_s, skipped_llm_tasks=pending["skipped_llm_tasks"],
+                    tasks=[t.task_id for t in pending["tasks"]])
+        k = cfg.train.eval_every
+        if k and st.iteration % k == 0 and st.iteration < cfg.train.iterations:
+            self.evaluate(f"iteration {st.iteration}")
+        c = cfg.train.checkpoint_every
+        if c and st.iteration % c == 0:
+            self.checkpoint()
+        if nxt is None and self.can_launch(st.iteration):
+            nxt = self.launch(st.iteration)
+        return nxt
+
+    def execute(self) -> dict[str, Any]:
+        cfg, st = self.cfg, self.state
+        st.sessions += 1
+        where = connect(cfg.ray)
+        self.say(f"run directory {self.run_dir} ({where}); mode {cfg.train.mode}, "
+                 f"{'resuming at iteration ' + str(st.iteration) if self.resumed_from else 'fresh start'}")
+        self.sinks = MetricSinks(self.run_dir, cfg.train.tensorboard, cfg.model_dump(mode="json"),
+                                 resume=self.resumed_from is not None)
+        t0 = time.perf_counter()
+        offline = offline_data(cfg, self.run_dir, self.say)
+        if not st.offline_transitions:
+            from dreamgym.data.transitions import open_transitions
+
+            st.offline_transitions = int(open_transitions(offline).metadata.num_rows)
+        curriculum_state = None
+        if self.resumed_from is not None:
+            _, curriculum_state = load_driver_state(self.resumed_from)
+        self.a = start_actors(cfg, self.run_dir, offline, self.resumed_from, curriculum_state, self.say)
+        if cfg.train.seed_replay and not st.replay_seeded:
+            rep = seed_replay(self.a.replay, offline, cfg.replay.write_batch_size)
+            st.replay_seeded = True
+            self.say(f"replay buffer seeded: {rep['stored']} real transitions stored ({rep['duplicates']} "
+                     f"duplicates) in {rep['seconds']:.1f} s")
+            self.record("replay_seed", st.iteration, **rep)
+        if not self.eval_tasks:
+            t = cfg.train
+            self.eval_tasks = ray.get(self.a.workers[0].tasks.remote(t.eval_tasks, t.eval_first_seed, t.eval_split))
+            st.eval_tasks = [x.to_dict() for x in self.eval_tasks]
+        st.add_phase("setup", time.perf_counter() - t0)
+        if cfg.train.warm_start == "sft" and not st.warm_started:
+            t0 = time.perf_counter()
+            warm_start(cfg, self.a, offline, self.run_dir, lambda m: self.say(m, "warm-start"),
+                       lambda m: self.record("warm_start", 0, **m))
+            st.warm_started = True
+            st.add_phase("warm_start", time.perf_counter() - t0)
+        if int(ray.get(self.a.learner.version.remote())) > 0:  # resumed or warm-started weights
+            t0 = time.perf_counter()
+            rep = ray.get(self.a.learner.sync.remote(self.a.engines))
+            st.add_phase("sync", time.perf_counter() - t0)
+            self.say(f"engines serve weights v{rep['version']} ({rep['seconds']:.1f} s)", "sync")
+        if cfg.train.eval_at_start and not st.evals:
+            self.evaluate("start")
+        pending = self.launch(st.iteration) if self.can_launch(st.iteration) else None
+        while pending is not None:
+            pending = self.iterate(pending)
+        if not self.budget_left():
+            self.say(f"real-transition budget spent ({st.real_transitions}/{cfg.train.real_budget})", "s2r")
+        if not st.evals or st.evals[-1]["iteration"] != st.iteration:
+            self.evaluate("final")
+        st.wall_seconds += time.time() - self.t_session
+        self.t_session = time.time()
+        final = checkpoint_dir(self.run_dir, st.iteration)
+        if (final / "learner.json").is_file():  # the learner is saved at this iteration: refresh the counters
+            save_driver_state(final, st, ray.get(self.a.curriculum.state_dict.remote()))
+        else:
+            self.checkpoint()
+        summary = self.summary()
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        self.record("summary", st.iteration, **{k: v for k, v in summary.items() if not isinstance(v, list | dict)})
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        st = self.state
+        last = st.evals[-1] if st.evals else {}
+        first = st.evals[0] if st.evals else {}
+        return {"run_dir": str(self.run_dir), "mode": self.cfg.train.mode, "iterations": st.iteration,
+                "learner_steps": st.learner_steps, "real_transitions": st.real_transitions,
+                "synthetic_transitions": st.synthetic_transitions, "invalid_transitions": st.invalid_transitions,
+                "eval_transitions": st.eval_transitions, "offline_transitions": st.offline_transitions,
+                "success_start": first.get("success_rate"), "success_final": last.get("success_rate"),
+                "reward_final": last.get("mean_reward"),
+                "baseline_success": (st.baseline or {}).get("success_rate"),
+                "baseline_reward": (st.baseline or {}).get("mean_reward"),
+                "wall_seconds": round(st.wall_seconds, 1), "phase_seconds": st.phase_seconds, "evals": st.evals}
+
+    def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()
+        self.a.shutdown()
+
+
+def prepare_run(cfg: DreamGymConfig | None, resume: str | Path | None,
+                overrides: list[str] | None = None) -> tuple[DreamGymConfig, Path, TrainState, Path | None]:
+    """A fresh run directory, or the resumed one with its config (plus ``overrides``) and state."""
+    if resume is None:
+        assert cfg is not None
+        run_dir = create_run_dir(cfg, "train")
+        return cfg, run_dir, TrainState(), None
+    run_dir = Path(resume)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml", overrides or None)
+    save_config(cfg, run_dir / "config.yaml")
+    ckpt = latest_run_checkpoint(run_dir)
+    if ckpt is None:
+        return cfg, run_dir, TrainState(), None  # killed before the first checkpoint: start over in place
+    state, _ = load_driver_state(ckpt)
+    return cfg, run_dir, state, ckpt
+
+
+def run_train(cfg: DreamGymConfig | None = None, resume: str | Path | None = None,
+              overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) training; returns the summary. Writes the report at the end."""
+    cfg, run_dir, state, ckpt = prepare_run(cfg, resume, overrides)
+    run = Run(cfg, run_dir, state, ckpt)
+    try:
+        summary = run.execute()
+    finally:
+        run.close()
+    if cfg.train.report:
+        from dreamgym.report import write_report
+
+        summary["report"] = str(write_report(run_dir))
+    return summary
+
+
+__all__ = ["Group", "Run", "Trajectory", "phase_of", "run_train", "uses_synthetic"]

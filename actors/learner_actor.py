@@ -1,0 +1,123 @@
+"""``LearnerActor``: the GRPO learner (``learner.learner.Learner``) as one Ray actor.
+
+It owns the policy's trainable copy and pushes new weights to the policy engines itself (the weights
+never travel through the driver): ``sync(engines)`` builds the configured ``WeightSync`` (object store
+on CPU, NCCL on GPU) over the engine handles and pushes ``Learner.sync_weights()`` at the learner's
+version. Checkpoints go to ``<run>/checkpoints/step-NNNNNN`` (``learner.checkpoint``); the driver
+writes its own state beside them.
+
+Placement: ``train.learner_num_cpus`` / ``train.learner_num_gpus`` and, with ``train.colocate``, a bundle
+of the placement group the policy engines share (same node).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from dreamgym.config import DreamGymConfig
+from dreamgym.types import Group, Trajectory
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+
+class LearnerActor:
+    """The actor class (``create_learner`` applies ``ray.remote`` with the configured resources)."""
+
+    def __init__(self, cfg: dict[str, Any], checkpoint: str | None = None) -> None:
+        import torch
+
+        from learner.learner import Learner
+
+        self.cfg = DreamGymConfig.model_validate(cfg)
+        torch.set_num_threads(self.cfg.train.learner_threads)
+        if checkpoint:
+            self.learner = Learner.from_checkpoint(self.cfg.learner, checkpoint,
+                                                   temperature=self.cfg.policy.temperature)
+        else:
+            self.learner = Learner.from_config(self.cfg)
+        self._sync: Any = None
+        self._bc: Any = None
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "version": self.learner.version.version, "device": self.learner.device,
+                "model_path": str(self.learner.model_path)}
+
+    def version(self) -> int:
+        return self.learner.version.version
+
+    # -- training ----------------------------------------------------------------------------------
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One GRPO learner step (``Learner.step``)."""
+        return self.learner.step(groups)
+
+    def warm_start_step(self, trajectories: Sequence[Trajectory], lr: float) -> dict[str, float]:
+        """One behaviour-cloning step on gold trajectories (``learner.bc``)."""
+        from learner.bc import BehaviourCloning
+
+        if self._bc is None:
+            self._bc = BehaviourCloning(self.learner, lr)
+        return self._bc.step(trajectories)
+
+    def tokenise_gold(self, episodes: list[list[Any]]) -> list[Trajectory]:
+        """Gold episodes (lists of transitions) as trajectories with the policy's token ids."""
+        from transformers import AutoTokenizer
+
+        from learner.bc import tokenise_episode
+
+        tok = AutoTokenizer.from_pretrained(str(self.learner.model_path), local_files_only=True)
+        return [tokenise_episode(ep, tok, self.cfg.policy) for ep in episodes]
+
+    def end_warm_start(self) -> int:
+        """Drop the warm-start optimizer and count the cloned weights as a new version (engines must sync)."""
+        from dreamgym.types import WeightVersion
+
+        self._bc = None
+        v = self.learner.version
+        self.learner.version = WeightVersion(version=v.version + 1, step=v.step)
+        return self.learner.version.version
+
+    # -- weights -------------------------------------------------------------------------------------
+    def sync(self, engines: Sequence[ActorHandle]) -> dict[str, Any]:
+        """Push the current weights to every engine; returns the sync report."""
+        from actors.weight_sync import make_weight_sync
+
+        if self._sync is None:  # the engines of a run do not change
+            self._sync = make_weight_sync(self.cfg, engines)
+        rep = self._sync.push(self.learner.sync_weights(), self.learner.version.version)
+        return {"version": rep.version, "seconds": rep.seconds, "engines": len(rep.engines), "bytes": rep.num_bytes}
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> str:
+        from learner.checkpoint import prune_checkpoints
+
+        path = self.learner.save_checkpoint(directory)
+        prune_checkpoints(Path(directory).parent, self.cfg.learner.keep_checkpoints)
+        return str(path)
+
+    def save_model(self, directory: str) -> str:
+        """The current policy as a plain HF folder (what ``dreamgym sft`` writes)."""
+        from learner.bc import save_policy
+
+        return str(save_policy(self.learner, directory))
+
+
+def create_learner(cfg: DreamGymConfig, checkpoint: str | Path | None = None,
+                   placement: dict[str, Any] | None = None) -> ActorHandle:
+    """Start the learner actor with ``train.learner_num_cpus`` / ``learner_num_gpus``; returns once it is built."""
+    t = cfg.train
+    env_vars = {"OMP_NUM_THREADS": str(t.learner_threads), "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    opts: dict[str, Any] = {"num_cpus": t.learner_num_cpus, "num_gpus": t.learner_num_gpus,
+                            "runtime_env": {"env_vars": env_vars}, "max_concurrency": 1}
+    if placement:
+        opts.update(placement)
+    handle = ray.remote(LearnerActor).options(**opts).remote(cfg.model_dump(mode="json"),
+                                                            str(checkpoint) if checkpoint else None)
+    ray.get(handle.info.remote())
+    return handle

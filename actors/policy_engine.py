@@ -1,0 +1,136 @@
+"""``PolicyEngine``: a Ray actor owning one in-process vLLM engine that serves the policy.
+
+It samples actions for agent turns (``act``) or raw prompts (``generate``) and returns, for every
+reply, its token ids, their log-probs and the weight version that produced them; it scores fixed
+token sequences (``score``); and it receives new weights, either from the Ray object store
+(``load_weights``, CPU path) or by NCCL broadcast through vLLM's weight-transfer API
+(``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
+``finish_weight_update``, GPU path). The actor is thin: the engine logic is
+``dreamgym.vllm_engine.VllmPolicy``.
+
+CPU: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``OMP_NUM_THREADS`` go into the actor's
+``runtime_env`` (Ray would set one thread). GPU: one GPU per engine (tensor parallel size 1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from dreamgym.config import PolicyConfig
+from dreamgym.types import ActionSample, AgentTurn
+from dreamgym.vllm_engine import engine_env
+
+if TYPE_CHECKING:
+    import torch
+    from ray.actor import ActorHandle
+
+
+class PolicyEngine:
+    """The actor class (wrapped with ``ray.remote`` by ``create_policy_engines``)."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        engine_index: int = 0,
+        model_path: str | None = None,
+        weight_transfer_backend: str | None = None,
+    ) -> None:
+        from dreamgym.vllm_engine import VllmPolicy
+
+        self.name = f"policy-engine-{engine_index}"
+        self.cfg = PolicyConfig.model_validate(cfg)
+        self.policy = VllmPolicy(self.cfg, engine_index, model_path, weight_transfer_backend=weight_transfer_backend)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "model_path": str(self.policy.model_path),
+            "weight_version": self.policy.weight_version,
+            "start_seconds": self.policy.start_seconds,
+            "gpu_ids": [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])],
+        }
+
+    def weight_version(self) -> int:
+        return self.policy.weight_version
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def act(self, turns: Sequence[AgentTurn], n: int = 1, **kw: Any) -> list[list[ActionSample]]:
+        return self.policy.act(turns, n=n, **kw)
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int = 1, **kw: Any) -> list[list[ActionSample]]:
+        return self.policy.generate(prompts, n=n, **kw)
+
+    def prompt_ids(self, turn: AgentTurn) -> list[int]:
+        return self.policy.turn_prompt_ids(turn)
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return self.policy.score(sequences)
+
+    # -- weights: object store (CPU) ----------------------------------------------------------------
+    def load_weights(self, weights: dict[str, torch.Tensor] | list[tuple[str, torch.Tensor]], version: int) -> dict:
+        """Load weights delivered through the object store (Ray resolves the reference before the call)."""
+        return {"engine": self.name, **self.policy.load_weights(weights, version)}
+
+    def param_checksum(self, name: str = "model.embed_tokens.weight") -> float:
+        return self.policy.param_checksum(name)
+
+    # -- weights: vLLM weight-transfer API (GPU, NCCL) ------------------------------------------------
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.policy.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.policy.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.policy.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self, version: int | None = None) -> dict:
+        self.policy.llm.collective_rpc("finish_weight_update")
+        retied = bool(self.policy.llm.collective_rpc("dg_retie")[0])
+        self.policy.llm.reset_prefix_cache()
+        if version is not None:
+            self.policy.weight_version = int(version)
+        return {"engine": self.name, "version": self.policy.weight_version, "retied": retied}
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.policy.llm.collective_rpc("shutdown_weight_transfer_engine")
+
+
+def create_policy_engines(
+    cfg: PolicyConfig,
+    num_engines: int | None = None,
+    model_path: str | Path | None = None,
+    weight_transfer_backend: str | None = None,
+    name_prefix: str | None = None,
+) -> list[ActorHandle]:
+    """Start ``num_engines`` (default ``cfg.num_engines``) engine actors; returns once all are ready."""
+    count = num_engines or cfg.num_engines
+    env = engine_env(cfg.device, cfg.omp_threads)
+    handles = []
+    for i in range(count):
+        env_i = dict(env)
+        if cfg.device == "cpu" and count > 1:
+            # vLLM's automatic binding pins every engine of a node to the same cores; let the OS place them.
+            env_i["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        options: dict[str, Any] = {
+            "num_cpus": cfg.num_cpus,
+            "runtime_env": {"env_vars": env_i},
+            "max_concurrency": 1,
+        }
+        if cfg.device == "cuda":
+            options["num_gpus"] = 1
+        if name_prefix:
+            options["name"] = f"{name_prefix}-{i}"
+        actor_cls = ray.remote(PolicyEngine).options(**options)
+        handles.append(
+            actor_cls.remote(cfg.model_dump(mode="json"), i, str(model_path) if model_path else None,
+                             weight_transfer_backend)
+        )
+    ray.get([h.info.remote() for h in handles])
+    return handles

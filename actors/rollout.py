@@ -1,0 +1,186 @@
+"""``RolloutWorker``: a Ray actor that owns environments and runs episodes with the policy engines.
+
+Each worker owns ``train.envs_per_worker`` real environments (one Java engine each for TextWorldExpress,
+started on first use) and, for synthetic rollouts, as many ``SyntheticEnv`` instances over the shared
+experience-model replicas (least-loaded router) and the replay buffer's retrieval. ``run(tasks, phase)``
+runs one episode per task with ``dreamgym.rollout.run_episodes``; the policy is the engines' batched
+``act``, split across the engines.
+
+A ``SyntheticEnv`` needs each task's initial state ``s_0``: the worker reads it by *resetting* the real
+environment on the task (no action is taken, so no real transition is spent), and remembers the valid
+actions of every state it has seen in real data (the offline file and those resets) so the synthetic
+environment can settle inadmissible actions and the agent prompt can list the valid ones.
+
+Phases: ``real`` (training in the real environment), ``synthetic`` (training in the experience model),
+``eval`` (the policy on held-out real tasks, optionally at another temperature) and ``random`` (the
+random-valid-action baseline on real tasks).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from dreamgym.config import DreamGymConfig
+from dreamgym.envs.registry import make_env
+from dreamgym.rollout import ActFn, random_valid_act, run_episodes
+from dreamgym.types import ActionSample, AgentTurn, Task, Trajectory
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from dreamgym.envs.base import Environment
+
+
+def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None) -> ActFn:
+    """The batched policy over engine actors: the turns are split evenly, one ``act`` call per engine."""
+
+    def act(turns: Sequence[AgentTurn]) -> list[ActionSample]:
+        k = len(engines)
+        chunks = [list(turns[i::k]) for i in range(k)]
+        kw = {} if temperature is None else {"temperature": temperature}
+        refs = [e.act.remote(c, 1, **kw) if c else None for e, c in zip(engines, chunks, strict=True)]
+        answers = [ray.get(r) if r is not None else [] for r in refs]
+        out: list[ActionSample | None] = [None] * len(turns)
+        for i, ans in enumerate(answers):
+            for j, samples in enumerate(ans):
+                out[i + j * k] = samples[0]
+        return [s for s in out if s is not None]
+
+    return act
+
+
+class RolloutWorker:
+    """The actor class (``create_rollout_workers`` applies ``ray.remote``)."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        engines: list[ActorHandle],
+        index: int = 0,
+        replicas: list[ActorHandle] | None = None,
+        replay: Any = None,
+        offline_data: str | None = None,
+    ) -> None:
+        self.cfg = DreamGymConfig.model_validate(cfg)
+        self.index = index
+        self.engines = list(engines)
+        self.replicas = list(replicas or [])
+        self.replay = replay
+        self.offline_data = offline_data
+        self.real: list[Environment] = [make_env(self.cfg.env) for _ in range(self.cfg.train.envs_per_worker)]
+        self.synthetic: list[Environment] | None = None
+        self._initial: dict[str, str] = {}
+        self._valid: dict[str, list[str]] = {}
+        self._reset_lock = threading.Lock()
+        self.real_resets = 0
+        self._experience: Any = None
+
+    def ready(self) -> dict[str, Any]:
+        return {"index": self.index, "envs": len(self.real), "engines": len(self.engines)}
+
+    def tasks(self, count: int, first: int, split: str) -> list[Task]:
+        """Reproducible tasks of the real environment (the held-out evaluation set)."""
+        return self.real[0].tasks(count, first=first, split=split)
+
+    # -- synthetic environments ----------------------------------------------------------------------
+    def _build_synthetic(self) -> list[Environment]:
+        from actors.experience_model import RayExperienceClient
+        from dreamgym.experience.setup import build_model
+        from dreamgym.experience.synthetic_env import SyntheticEnv
+
+        em = self.cfg.experience_model
+        if self.replicas:
+            client: Any = RayExperienceClient(self.replicas, em.router_refresh_s, em.request_timeout_s, owns=False)
+        elif em.backend == "http":
+            from actors.experience_model import connect_experience_model
+
+            client = connect_experience_model(em)
+        else:
+            raise RuntimeError("synthetic rollouts need experience-model replicas or experience_model.backend: http")
+        self._experience = build_model(em, client, self.cfg.env.state_max_chars)
+        if self.offline_data:
+            from dreamgym.data.transitions import iter_transitions
+
+            for t in iter_transitions(self.offline_data):
+                if t.admissible_actions is not None and t.env == self.cfg.env.name:
+                    self._valid.setdefault(t.state, list(t.admissible_actions))
+        retrieve = self._retrieve if self.replay is not None and em.top_k > 0 else None
+        return [SyntheticEnv(self._experience, retrieve, self.cfg.env.name, top_k=em.top_k,
+                             max_steps=self.cfg.env.max_steps, state_max_chars=self.cfg.env.state_max_chars,
+                             initial_state=self._initial_state, admissible=self._admissible)
+                for _ in range(self.cfg.train.envs_per_worker)]
+
+    def _retrieve(self, state: str, action: str, k: int) -> list[Any]:
+        """Top-k demonstrations from the replay buffer, as the experience model's records."""
+        from dreamgym.experience.schema import Demonstration
+
+        demos = self.replay.retrieve(state, action, k, filters={"env": self.cfg.env.name})
+        return [Demonstration(state=d.transition.state, action=d.transition.action,
+                              next_state=d.transition.next_state, reward=d.transition.reward,
+                              done=d.transition.done, success=d.transition.success, score=d.score)
+                for d in demos]
+
+    def _initial_state(self, task: Task) -> str | None:
+        """``s_0`` of ``task`` from a reset of a real environment (cached; resets spend no transition)."""
+        if task.task_id not in self._initial:
+            with self._reset_lock:
+                obs = self.real[0].reset(task)
+                self.real_resets += 1
+            self._initial[task.task_id] = obs.state
+            if obs.admissible_actions is not None:
+                self._valid.setdefault(obs.state, list(obs.admissible_actions))
+        return self._initial[task.task_id]
+
+    def _admissible(self, state: str) -> list[str] | None:
+        acts = self._valid.get(state)
+        return list(acts) if acts is not None else None
+
+    # -- rollouts ------------------------------------------------------------------------------------
+    def run(self, tasks: list[Task], phase: str, temperature: float | None = None,
+            seed: int = 0) -> tuple[list[Trajectory], dict[str, Any]]:
+        """One episode per task. ``phase``: ``real``, ``synthetic``, ``eval`` or ``random``."""
+        threads = 1
+        if phase == "synthetic":
+            if self.synthetic is None:
+                self.synthetic = self._build_synthetic()
+            envs, source, threads = self.synthetic, "synthetic", self.cfg.train.synthetic_threads
+        elif phase in ("real", "eval", "random"):
+            envs, source = self.real, "real"
+        else:
+            raise ValueError(f"unknown rollout phase {phase!r}")
+        act = random_valid_act(seed) if phase == "random" else engines_act(self.engines, temperature)
+        em_before = self._experience.stats.as_dict() if self._experience is not None else None
+        trajs, stats = run_episodes(envs, tasks, act, source=source, threads=min(threads, len(envs)),
+                                    policy_name="random" if phase == "random" else "policy",
+                                    episode_prefix=f"w{self.index}-{phase}-{seed}")
+        out: dict[str, Any] = stats.as_dict()
+        if em_before is not None and phase == "synthetic":
+            after = self._experience.stats.as_dict()
+            for key in ("queries", "model_calls", "retries", "invalid", "settled", "prompt_tokens",
+                        "completion_tokens"):
+                out[f"em_{key}"] = after[key] - em_before[key]
+        out["real_resets"] = self.real_resets
+        return trajs, out
+
+    def close(self) -> None:
+        for env in self.real + (self.synthetic or []):
+            env.close()
+
+
+def create_rollout_workers(
+    cfg: DreamGymConfig,
+    engines: list[ActorHandle],
+    replicas: list[ActorHandle] | None = None,
+    replay: Any = None,
+    offline_data: str | None = None,
+) -> list[ActorHandle]:
+    """Start ``train.rollout_workers`` workers with ``train.rollout_num_cpus`` each; returns once all are up."""
+    cls = ray.remote(RolloutWorker).options(num_cpus=cfg.train.rollout_num_cpus, max_concurrency=2)
+    workers = [cls.remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
+               for i in range(cfg.train.rollout_workers)]
+    ray.get([w.ready.remote() for w in workers])
+    return workers

@@ -1,0 +1,196 @@
+"""Setting up a ``dreamgym train`` run: offline data, the replay buffer, every actor, the warm start.
+
+Everything here runs before the first iteration (or again on ``--resume``, skipping what is done):
+
+1. offline real data: ``train.offline_data`` or a collection with ``collect.*`` into the run directory;
+2. the replay buffer (``ShardedReplayBuffer``, S shard actors over ``replay.path`` or ``<run>/replay``),
+   seeded with the offline data once;
+3. the actors, each with the resources its config section names: policy engines (``policy.*``),
+   experience-model replicas (``experience_model.*``, synthetic modes only), the learner
+   (``train.learner_*``), the curriculum (with text generation through the replicas) and the rollout
+   workers (``train.rollout_*``). ``train.colocate`` packs the learner and the engines in one placement
+   group. A cluster without the CPUs/GPUs all of them ask for fails here, naming the numbers.
+4. the warm start: behaviour cloning on the offline gold episodes (``learner.bc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from dreamgym.config import DreamGymConfig
+from dreamgym.errors import ConfigError
+
+
+@dataclass
+class Actors:
+    """Handles of one run's actors (the driver kills them at the end)."""
+
+    engines: list[Any] = field(default_factory=list)
+    replicas: list[Any] = field(default_factory=list)
+    learner: Any = None
+    curriculum: Any = None
+    workers: list[Any] = field(default_factory=list)
+    replay: Any = None
+    placement_group: Any = None
+
+    def shutdown(self) -> None:
+        if self.replay is not None:
+            with contextlib.suppress(Exception):
+                self.replay.close()
+        for h in [*self.workers, self.curriculum, self.learner, *self.replicas, *self.engines]:
+            if h is not None:
+                ray.kill(h)
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+
+
+def uses_synthetic(cfg: DreamGymConfig) -> bool:
+    return cfg.train.mode == "synthetic" or (cfg.train.mode == "s2r" and cfg.train.synthetic_iterations > 0)
+
+
+def check_resources(cfg: DreamGymConfig) -> None:
+    """Fail fast (instead of waiting forever for actors) when the cluster lacks the CPUs/GPUs asked for."""
+    t, p, em, r = cfg.train, cfg.policy, cfg.experience_model, cfg.replay
+    cpus = p.num_engines * p.num_cpus + t.learner_num_cpus + t.rollout_workers * t.rollout_num_cpus
+    cpus += r.shards * r.num_cpus + 0.25  # the curriculum actor
+    gpus = t.learner_num_gpus + (p.num_engines if p.device == "cuda" else 0)
+    if uses_synthetic(cfg) and em.backend == "ray":
+        cpus += em.replicas * em.num_cpus
+        gpus += em.replicas * em.num_gpus
+    have = ray.cluster_resources()
+    if cpus > have.get("CPU", 0) + 1e-9 or gpus > have.get("GPU", 0) + 1e-9:
+        raise ConfigError(
+            f"the run's actors ask for {cpus:g} CPUs and {gpus:g} GPUs but the Ray cluster has "
+            f"{have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; lower policy.num_cpus, "
+            "experience_model.num_cpus, train.learner_num_cpus, train.rollout_num_cpus or replay.num_cpus "
+            "(fractions are fine: they only reserve scheduling slots), or use a bigger cluster"
+        )
+
+
+# -- offline data and the replay buffer -----------------------------------------------------------
+def offline_data(cfg: DreamGymConfig, run_dir: Path, log: Callable[[str], None]) -> Path:
+    """The offline real transitions: ``train.offline_data``, or a collection into ``<run>/offline.parquet``."""
+    if cfg.train.offline_data is not None:
+        path = Path(cfg.train.offline_data)
+        if not path.is_file():
+            raise ConfigError(f"train.offline_data {path} does not exist")
+        return path
+    path = run_dir / "offline.parquet"
+    if path.is_file():
+        return path
+    from actors.collect import run_collect
+
+    sub = cfg.model_copy(deep=True)
+    sub.collect.out = path
+    sub.run.out_dir = run_dir / "stages"
+    s = run_collect(sub, progress=False)
+    log(f"collected {s['transitions']} real transitions from {s['episodes']} {s['policy']} episodes "
+        f"(success {s['success_rate']:.0%}) in {s['elapsed_s']:.1f} s")
+    return path
+
+
+def open_replay(cfg: DreamGymConfig, run_dir: Path) -> Any:
+    from actors.replay import ShardedReplayBuffer
+
+    root = cfg.replay.path or (run_dir / "replay" if cfg.replay.backend != "server" else None)
+    return ShardedReplayBuffer.create(cfg.replay, root)
+
+
+def seed_replay(replay: Any, data: Path, batch_size: int) -> dict[str, Any]:
+    from dreamgym.replay.seed import seed_from_parquet
+
+    rep = seed_from_parquet(replay, data, batch_size=batch_size, progress=False)
+    return {"rows": rep.rows, **rep.result.to_dict(), "seconds": round(rep.seconds, 2)}
+
+
+# -- actors -----------------------------------------------------------------------------------------
+def _curriculum_generator(em: dict[str, Any], replicas: list[Any]) -> Any:
+    """Built inside the curriculum actor: text variants through the experience model (replicas or HTTP)."""
+    from actors.experience_model import RayExperienceClient, connect_experience_model
+    from dreamgym.config import ExperienceModelConfig
+    from dreamgym.curriculum.generator import ClientTextGenerator
+
+    cfg = ExperienceModelConfig.model_validate(em)
+    if replicas:
+        return ClientTextGenerator(RayExperienceClient(replicas, cfg.router_refresh_s, cfg.request_timeout_s))
+    return ClientTextGenerator(connect_experience_model(cfg))
+
+
+def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: Path | None,
+                 curriculum_state: dict[str, Any] | None, log: Callable[[str], None]) -> Actors:
+    from actors.curriculum import create_curriculum_actor
+    from actors.learner_actor import create_learner
+    from actors.policy_engine import create_policy_engines
+    from actors.rollout import create_rollout_workers
+
+    check_resources(cfg)
+    a = Actors()
+    try:
+        a.replay = open_replay(cfg, run_dir)
+        learner_opts: dict[str, Any] | None = None
+        if cfg.train.colocate:
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            bundles = [{"CPU": cfg.train.learner_num_cpus, "GPU": cfg.train.learner_num_gpus}]
+            bundles += [{"CPU": cfg.policy.num_cpus, "GPU": 1.0 if cfg.policy.device == "cuda" else 0.0}
+                        for _ in range(cfg.policy.num_engines)]
+            a.placement_group = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01}
+                                                 for b in bundles], strategy="STRICT_PACK")
+            ray.get(a.placement_group.ready(), timeout=600)
+            learner_opts = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                a.placement_group, placement_group_bundle_index=0)}
+        a.engines = create_policy_engines(cfg.policy, name_prefix=None)
+        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.dtype})")
+        if uses_synthetic(cfg):
+            from actors.experience_model import start_replicas
+
+            if cfg.experience_model.backend == "local":
+                raise ConfigError("dreamgym train reaches the experience model through Ray replicas or HTTP: set "
+                                  "experience_model.backend to 'ray' or 'http'")
+            if cfg.experience_model.backend == "ray":
+                a.replicas = start_replicas(cfg.experience_model)
+                log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")
+        ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
+        a.learner = create_learner(cfg, ckpt, learner_opts)
+        factory = None
+        if uses_synthetic(cfg) and cfg.curriculum.llm_variants > 0:
+            factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
+        a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
+                                               num_cpus=0.25)
+        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, str(offline))
+    except Exception:
+        a.shutdown()
+        raise
+    return a
+
+
+# -- warm start ---------------------------------------------------------------------------------------
+def warm_start(cfg: DreamGymConfig, actors: Actors, offline: Path, run_dir: Path,
+               log: Callable[[str], None], record: Callable[[dict[str, Any]], None]) -> int:
+    """Behaviour cloning on gold episodes in the learner actor; returns the new weight version."""
+    from learner.bc import gold_source, run_bc
+
+    sub = cfg.model_copy(deep=True)
+    sub.train.offline_data = offline
+    episodes = gold_source(sub, run_dir)
+    trajs = ray.get(actors.learner.tokenise_gold.remote(episodes))
+    t = cfg.train
+
+    def show(m: dict[str, Any]) -> None:
+        record(m)
+        log(f"step {int(m['bc_step'])}/{t.sft_steps} on {len(trajs)} gold episodes: gold-reply NLL {m['nll']:.3f} "
+            f"({m['tokens_per_s']:.0f} tok/s)")
+
+    run_bc(lambda batch: ray.get(actors.learner.warm_start_step.remote(batch, t.sft_lr)), trajs, t.sft_steps,
+           t.sft_batch_episodes, cfg.run.seed, show)
+    return int(ray.get(actors.learner.end_warm_start.remote()))

@@ -1,0 +1,246 @@
+"""Weight sync to ``PolicyEngine`` actors (the Ray implementations of ``learner.weight_sync.WeightSync``).
+
+``ObjectStoreWeightSync`` (CPU): the learner's tensors, cast to the engines' dtype, go into the Ray
+object store once (``ray.put``; zero-copy for torch tensors with
+``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1`` set before Ray is imported); every engine actor gets the
+reference, Ray resolves it in the actor's process and the engine loads the tensors in place.
+
+``NcclWeightSync`` (GPU, marked gpu, not runnable on a CPU machine): vLLM's own trainer-side NCCL
+engine (``NCCLTrainerWeightTransferEngine``) broadcasts from the learner's GPU (rank 0) to every
+engine (ranks 1..N) while the engines receive through ``update_weights``; the engine actors expose
+vLLM's start/update/finish weight-transfer calls.
+
+Both wait for all engines with a deadline: an engine that raises or does not answer in time
+makes ``push`` raise ``WeightSyncError`` with the engine's name and the version.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from learner.weight_sync import NamedTensors, SyncReport, WeightSync, WeightSyncError, cast_for_engine
+
+if TYPE_CHECKING:
+    import torch
+    from ray.actor import ActorHandle
+
+    from dreamgym.config import DreamGymConfig
+
+
+def _engine_names(engines: Sequence[ActorHandle]) -> list[str]:
+    return [f"policy-engine-{i}" for i in range(len(engines))]
+
+
+def _wait_all(refs: dict[Any, str], version: int, timeout_s: float, budget_s: float | None = None) -> list[Any]:
+    """``ray.get`` every ref within ``timeout_s``; raise ``WeightSyncError`` naming the culprits.
+
+    ``budget_s`` is the configured timeout quoted in the error (``timeout_s`` may be what is left of it).
+    """
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, timeout_s))
+    results = []
+    failed: list[tuple[str, str]] = []
+    for r in ready:
+        try:
+            results.append(ray.get(r))
+        except Exception as e:  # the engine raised while loading; report the engine's own exception
+            cause = getattr(e, "cause", None) or e
+            failed.append((refs[r], f"{type(cause).__name__}: {cause}"))
+    if failed:
+        raise WeightSyncError([n for n, _ in failed], version, "; ".join(f"{n}: {m}" for n, m in failed))
+    if pending:
+        for r in pending:
+            ray.cancel(r)  # best effort; an actor task already running keeps running
+        budget = timeout_s if budget_s is None else budget_s
+        raise WeightSyncError([refs[r] for r in pending], version, f"no answer within the {budget:.3g} s timeout")
+    return results
+
+
+class ObjectStoreWeightSync(WeightSync):
+    """CPU path: ``ray.put`` once, every engine loads from the object store into vLLM's in-place reload."""
+
+    def __init__(
+        self,
+        engines: Sequence[ActorHandle],
+        dtype: str = "float32",
+        timeout_s: float = 300.0,
+        names: Sequence[str] | None = None,
+    ) -> None:
+        self.engines = list(engines)
+        self.names = list(names) if names else _engine_names(self.engines)
+        self.dtype = dtype
+        self.timeout_s = timeout_s
+
+    def push(self, weights: NamedTensors, version: int) -> SyncReport:
+        t0 = time.perf_counter()
+        tensors = dict(cast_for_engine(weights, self.dtype, clone=False))
+        with warnings.catch_warnings():
+            # Ray warns on every zero-copy put; these tensors are detached and contiguous, and engines copy them.
+            warnings.filterwarnings("ignore", message="Zero-copy tensor serialization")
+            ref = ray.put(tensors)
+        refs = {e.load_weights.remote(ref, version): n for e, n in zip(self.engines, self.names, strict=True)}
+        details = _wait_all(refs, version, self.timeout_s - (time.perf_counter() - t0), self.timeout_s)
+        return SyncReport(
+            version=version,
+            seconds=time.perf_counter() - t0,
+            engines=list(self.names),
+            num_tensors=len(tensors),
+            num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            details=details,
+        )
+
+
+class _EngineClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over ``PolicyEngine`` actors, with a deadline per call."""
+
+    def __init__(self, engines: Sequence[ActorHandle], names: Sequence[str], timeout_s: float) -> None:
+        self.engines, self.names, self.timeout_s = list(engines), list(names), timeout_s
+        self.version = -1
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        refs = {getattr(e, method).remote(*args): n for e, n in zip(self.engines, self.names, strict=True)}
+        return _wait_all(refs, self.version, self.timeout_s)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._all("init_weight_transfer_engine", init_info)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._all("shutdown_weight_transfer_engine")
+
+    def start_weight_update(self) -> None:
+        self._all("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._all("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        # The engines re-tie the LM head, reset their prefix cache and take the version of this push.
+        self._all("finish_weight_update", int(weight_version) if weight_version is not None else self.version)
+
+
+class NcclWeightSync(WeightSync):
+    """GPU path: NCCL broadcast from the learner (rank 0) into every engine (one GPU each).
+
+    Build it in the learner's process (which owns a CUDA device) after the engines were created
+    with ``weight_transfer_backend="nccl"``. ``master_address``/``master_port`` must be reachable
+    from every engine's node.
+    """
+
+    def __init__(
+        self,
+        engines: Sequence[ActorHandle],
+        master_address: str,
+        master_port: int,
+        timeout_s: float = 300.0,
+        dtype: str = "bfloat16",
+        packed: bool = True,
+    ) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        self.dtype = dtype
+        self.names = _engine_names(engines)
+        self.client = _EngineClient(engines, self.names, timeout_s)
+        self.timeout_s = timeout_s
+        self.init_info = NCCLTrainerInitInfo(
+            master_address=master_address,
+            master_port=master_port,
+            world_size=1 + len(engines),
+            packed=packed,
+            rank=0,
+        )
+        self._engine: Any = None
+
+    def push(self, weights: NamedTensors, version: int) -> SyncReport:
+        import torch
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+
+        t0 = time.perf_counter()
+        target = getattr(torch, self.dtype)
+        # Cast on the learner's device (no host round trip); NCCL sends contiguous buffers.
+        source = _list_source([(n, t.detach().to(target).contiguous()) for n, t in weights])
+        self.client.version = version
+        # send_weights drives start/update/finish on the engines; a thread bounds it so a dead peer
+        # cannot hang the learner (the transfer group is unusable afterwards: close() and rebuild).
+        # The CUDA device is per thread: the worker thread uses the caller's.
+        device = torch.cuda.current_device()
+
+        def on_device(fn: Any, *a: Any, **kw: Any) -> Any:
+            torch.cuda.set_device(device)
+            return fn(*a, **kw)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-sync")
+        try:
+            if self._engine is None:
+                self._engine = pool.submit(
+                    on_device, NCCLTrainerWeightTransferEngine.trainer_init, self.init_info, client=self.client,
+                    source=source,
+                ).result(timeout=self.timeout_s)
+            self._engine.source = source
+            pool.submit(on_device, self._engine.send_weights).result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise WeightSyncError(
+                self.names, version, f"NCCL weight transfer did not finish within {self.timeout_s:.3g} s"
+            ) from None
+        except WeightSyncError:
+            raise
+        except Exception as e:
+            raise WeightSyncError(self.names, version, f"{type(e).__name__}: {e}") from e
+        finally:
+            pool.shutdown(wait=False)
+        return SyncReport(
+            version=version,
+            seconds=time.perf_counter() - t0,
+            engines=list(self.names),
+            num_tensors=len(source.pairs),
+            num_bytes=sum(t.numel() * t.element_size() for _, t in source.pairs),
+        )
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+def _list_source_cls() -> type:
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class ListSource(WeightSource):
+        """A ``WeightSource`` over already materialised ``(name, tensor)`` pairs (LoRA merged, on GPU)."""
+
+        def __init__(self, pairs: list[tuple[str, torch.Tensor]]) -> None:
+            self.pairs = pairs
+
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.pairs]
+
+        def __iter__(self) -> Any:
+            return iter(self.pairs)
+
+    return ListSource
+
+
+def _list_source(pairs: list[tuple[str, torch.Tensor]]) -> Any:
+    return _list_source_cls()(pairs)
+
+
+def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> WeightSync:
+    """The weight sync ``cfg`` asks for: ``learner.weight_sync`` or, for ``auto``, by ``policy.device``.
+
+    The NCCL path needs ``DREAMGYM_NCCL_MASTER`` (``host:port`` of the learner, reachable from the
+    engines' nodes) and engines created with ``weight_transfer_backend="nccl"``.
+    """
+    import os
+
+    kind = cfg.learner.weight_sync
+    if kind == "auto":
+        kind = "nccl" if cfg.policy.device == "cuda" else "object_store"
+    if kind == "object_store":
+        return ObjectStoreWeightSync(engines, dtype=cfg.policy.dtype, timeout_s=cfg.learner.sync_timeout_s)
+    host, _, port = os.environ.get("DREAMGYM_NCCL_MASTER", "127.0.0.1:29555").rpartition(":")
+    return NcclWeightSync(engines, host, int(port), timeout_s=cfg.learner.sync_timeout_s, dtype=cfg.policy.dtype)

@@ -1,0 +1,98 @@
+"""The experience-model subcommands' bodies (``dreamgym annotate``, ``train-experience-model``,
+``eval-experience-model``). ``cli.py`` imports this lazily; heavy imports stay inside the functions."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from dreamgym.config import DreamGymConfig
+from dreamgym.errors import ConfigError
+from dreamgym.runs import MetricsLog, create_run_dir
+
+
+def run_annotate(cfg: DreamGymConfig) -> dict[str, Any]:
+    from dreamgym.experience.annotate import TeacherAnnotator, TemplateAnnotator, annotate_file
+
+    a = cfg.experience_model.annotate
+    if a.data is None:
+        raise ConfigError("annotate needs the transitions to annotate: --data PATH.parquet")
+    run_dir = create_run_dir(cfg, "annotate")
+    out = Path(a.out) if a.out else run_dir / "annotated.parquet"
+    budget = cfg.experience_model.train.step_budget
+    annotator: Any
+    if a.teacher_url:
+        from dreamgym.experience.http_client import OpenAIClient
+        from dreamgym.experience.schema import Sampling
+
+        client = OpenAIClient(a.teacher_url, a.teacher_model, a.teacher_api_key, concurrency=a.concurrency)
+        annotator = TeacherAnnotator(client, Sampling(temperature=0.0, max_tokens=a.teacher_max_tokens), budget)
+    else:
+        annotator = TemplateAnnotator(budget)
+    t0 = time.perf_counter()
+    summary = annotate_file(a.data, out, annotator, batch_size=a.batch_size)
+    summary.update(run_dir=str(run_dir), seconds=round(time.perf_counter() - t0, 2),
+                   annotator="teacher" if a.teacher_url else "template")
+    MetricsLog(run_dir).write(event="annotate", **summary)
+    return summary
+
+
+def run_train(cfg: DreamGymConfig) -> dict[str, Any]:
+    from learner.sft_experience import train_experience_model
+
+    t = cfg.experience_model.train
+    if t.data is None:
+        raise ConfigError("train-experience-model needs annotated transitions: --data PATH.parquet")
+    run_dir = create_run_dir(cfg, "train-experience-model")
+    out = Path(t.out) if t.out else run_dir / "model"
+    metrics = MetricsLog(run_dir)
+
+    def log(rec: dict[str, Any]) -> None:
+        metrics.write(event="sft", **rec)
+        print(f"step {rec['step']:>5}  loss {rec['loss']:.4f}  reasoning {rec['reasoning_nll']:.4f}  "
+              f"state {rec['state_nll']:.4f}  {rec['tokens_per_s']:.0f} tok/s", flush=True)
+
+    summary = train_experience_model(cfg, out, log=log)
+    summary["run_dir"] = str(run_dir)
+    metrics.write(event="summary", **summary)
+    return summary
+
+
+def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
+    """Evaluate the configured model and the copy baseline; returns (result, table)."""
+    from dreamgym.experience.evaluate import evaluate, format_table
+    from dreamgym.experience.setup import build_model, prompt_options
+
+    em, e = cfg.experience_model, cfg.experience_model.eval
+    if e.data is None:
+        raise ConfigError("eval-experience-model needs held-out transitions: --data HELDOUT.parquet")
+    run_dir = create_run_dir(cfg, "eval-experience-model")
+    opts = prompt_options(em, cfg.env.state_max_chars)
+    client = None
+    model = None
+    if em.model != "none":
+        if em.backend == "ray":
+            from actors.cluster import connect
+
+            connect(cfg.ray)
+        from actors.experience_model import connect_experience_model
+
+        client = connect_experience_model(em)
+        model = build_model(em, client, cfg.env.state_max_chars)
+    try:
+        result = evaluate(e.data, e.store, opts, model.predict if model else None, limit=e.limit,
+                          step_budget=e.step_budget, seed=cfg.run.seed, batch_size=e.batch_size)
+    finally:
+        if client is not None:
+            client.close()
+    result["data"].update(model=em.model, backend=em.backend)
+    if model is not None:
+        result["model_stats"] = model.stats.as_dict()
+    out = Path(e.out) if e.out else run_dir / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    result["json"] = str(out)
+    result["run_dir"] = str(run_dir)
+    return result, format_table(result)

@@ -1,0 +1,122 @@
+"""``ExperienceModel``: the reasoning experience model on top of any ``ExperienceClient``.
+
+For each query ``(task, history, s_t, a_t, top-k demonstrations)`` it builds the prompt, asks the
+client, parses the reply strictly and retries malformed replies with the documented change of
+sampling (``retry.py``); a query still malformed after the last attempt becomes an *invalid*
+prediction. All queries of a call are sent as one batch per attempt, so a backend runs them
+concurrently.
+
+Inadmissible actions follow the paper: the next state is the family's failure state with reward 0 and
+the episode goes on. When the environment's admissible list is known and excludes the action
+(``inadmissible='settle'``), this is decided here without a model call; otherwise the model decides
+(the system prompt states the rule).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from dreamgym.experience.accounting import InvalidAccounting
+from dreamgym.experience.client import ExperienceClient
+from dreamgym.experience.parser import MalformedReply, parse_reply
+from dreamgym.experience.prompts import STOP, PromptOptions, build_messages
+from dreamgym.experience.retry import RetryPolicy
+from dreamgym.experience.schema import Completion, CompletionRequest, ExperienceQuery, Prediction, Sampling
+from dreamgym.experience.templates import template_for
+
+
+class ExperienceModel:
+    def __init__(
+        self,
+        client: ExperienceClient,
+        prompt: PromptOptions | None = None,
+        sampling: Sampling | None = None,
+        retry: RetryPolicy | None = None,
+        inadmissible: str = "settle",
+    ) -> None:
+        if inadmissible not in ("settle", "model"):
+            raise ValueError(f"inadmissible must be 'settle' or 'model', got {inadmissible!r}")
+        self.client = client
+        self.prompt = prompt or PromptOptions()
+        base = sampling or Sampling()
+        self.sampling = base if base.stop else base.with_(stop=STOP)
+        self.retry = retry or RetryPolicy()
+        self.inadmissible = inadmissible
+        self.stats = InvalidAccounting()
+        self.busy_s = 0.0
+        """Wall time spent inside ``predict`` (for transitions/s)."""
+
+    # ------------------------------------------------------------------------------------------
+    def settle(self, q: ExperienceQuery) -> Prediction | None:
+        """The failure-state prediction when the admissible list rules the action out, else None."""
+        if self.inadmissible != "settle" or q.admissible_actions is None or q.action in q.admissible_actions:
+            return None
+        return Prediction(
+            next_state=template_for(q.env).invalid_action_state, reward=0.0, done=False, success=False,
+            reasoning=f"'{q.action}' is not one of the valid actions in this state, so the environment does "
+                      "not carry it out: failure state, reward 0, the episode goes on.",
+            settled=True,
+        )
+
+    def predict_one(self, q: ExperienceQuery) -> Prediction:
+        return self.predict([q])[0]
+
+    def predict(self, queries: Sequence[ExperienceQuery]) -> list[Prediction]:
+        """Predictions for ``queries``, in order (see the module docstring)."""
+        t0 = time.perf_counter()
+        out: list[Prediction | None] = [None] * len(queries)
+        pending: list[tuple[int, list[dict[str, str]], Sampling]] = []
+        for i, q in enumerate(queries):
+            settled = self.settle(q)
+            if settled is not None:
+                out[i] = settled
+                self.stats.settled += 1
+            else:
+                pending.append((i, build_messages(q, self.prompt), self.sampling))
+        self.stats.queries += len(queries)
+        failed_once: set[int] = set()
+        attempt = 0
+        while pending:
+            attempt += 1
+            replies = self.client.complete([CompletionRequest(m, s) for _, m, s in pending])
+            if len(replies) != len(pending):
+                raise RuntimeError(f"client returned {len(replies)} completions for {len(pending)} requests")
+            self.stats.model_calls += len(pending)
+            if attempt > 1:
+                self.stats.retries += len(pending)
+            retry: list[tuple[int, list[dict[str, str]], Sampling]] = []
+            for (i, messages, sampling), reply in zip(pending, replies, strict=True):
+                self.stats.prompt_tokens += reply.prompt_tokens
+                self.stats.completion_tokens += reply.completion_tokens
+                pred = self._parse(reply, attempt)
+                if pred.valid:
+                    out[i] = pred
+                    self.stats.valid += 1
+                    self.stats.recovered += i in failed_once
+                    continue
+                failed_once.add(i)
+                self.stats.reasons[pred.invalid_reason] += 1
+                if self.retry.should_retry(attempt, reply):
+                    retry.append((i, messages, self.retry.next_sampling(sampling, reply)))
+                else:
+                    out[i] = pred
+                    self.stats.invalid += 1
+            pending = retry
+        self.busy_s += time.perf_counter() - t0
+        return [p for p in out if p is not None]
+
+    def _parse(self, reply: Completion, attempt: int) -> Prediction:
+        common = {"attempts": attempt, "raw": reply.text, "prompt_tokens": reply.prompt_tokens,
+                  "completion_tokens": reply.completion_tokens}
+        if reply.finish_reason.startswith("error"):
+            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reply.finish_reason, **common)
+        try:
+            p = parse_reply(reply.text, reasoning=self.prompt.reasoning,
+                            reward_range=(self.prompt.reward_min, self.prompt.reward_max))
+        except MalformedReply as e:
+            reason = e.reason
+            if reply.finish_reason == "length" and reason.startswith(("missing", "unclosed")):
+                reason = "truncated"
+            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reason, **common)
+        return Prediction(p.next_state, p.reward, p.done, p.success, reasoning=p.reasoning, **common)

@@ -1,0 +1,170 @@
+"""Retrieval of top-k demonstrations: the ``retrieve(state, action, k)`` seam and a small in-memory index.
+
+The experience model is grounded by real transitions similar to the query. Any callable
+``retrieve(state, action, k)`` returning transitions (``Transition``, ``Demonstration`` or dicts with
+the transition fields) works, so the replay buffer plugs in as it is. ``TransitionIndex`` is the
+simple one shipped here: token overlap over an offline transitions file, used by tests, by the
+retrieval-only copy baseline and by small runs.
+
+Token-overlap score of a stored transition for a query ``(s, a)``::
+
+    jaccard(words(s), words(s_stored)) + action_weight * jaccard(words(a), words(a_stored))
+        + exact_action_bonus * [a == a_stored]
+
+Identical stored transitions are kept once (with their count, used to break ties), so the k
+demonstrations are distinct.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dreamgym.experience.schema import Demonstration
+from dreamgym.types import Task, Transition
+
+#: ``retrieve(state, action, k) -> transitions``; the replay buffer or ``TransitionIndex``.
+Retriever = Callable[[str, str, int], Sequence[Any]]
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.lower()))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+def as_demonstration(x: Any) -> Demonstration:
+    """A ``Demonstration`` from a ``Transition``, a ``Demonstration`` or a mapping of transition fields."""
+    if isinstance(x, Demonstration):
+        return x
+    if isinstance(x, Mapping):
+        get = x.get
+    else:
+        def get(k: str, default: Any = None) -> Any:
+            return getattr(x, k, default)
+    return Demonstration(
+        state=str(get("state", "")), action=str(get("action", "")), next_state=str(get("next_state", "")),
+        reward=float(get("reward", 0.0)), done=bool(get("done", False)), success=bool(get("success", False)),
+        score=float(get("score", 0.0) or 0.0),
+    )
+
+
+@dataclass
+class _Entry:
+    t: Transition
+    state_words: frozenset[str]
+    action_words: frozenset[str]
+    count: int
+    episodes: set[str]
+
+
+class TransitionIndex:
+    """In-memory token-overlap retrieval over transitions, plus the task facts a ``SyntheticEnv`` needs
+    (the tasks seen in the data, their initial states, valid actions of a known state)."""
+
+    def __init__(
+        self, transitions: Iterable[Transition], action_weight: float = 1.0, exact_action_bonus: float = 1.0,
+        cache_size: int = 4096,
+    ) -> None:
+        self.action_weight = action_weight
+        self.exact_action_bonus = exact_action_bonus
+        entries: dict[tuple[Any, ...], _Entry] = {}
+        self._tasks: OrderedDict[str, Task] = OrderedDict()
+        self._initial: dict[str, Counter[str]] = {}
+        self._admissible: dict[str, list[str]] = {}
+        self.size = 0
+        for t in transitions:
+            self.size += 1
+            key = (t.state, t.action, t.next_state, t.reward, t.done, t.success)
+            e = entries.get(key)
+            if e is None:
+                entries[key] = _Entry(t, words(t.state), words(t.action), 1, {t.episode_id})
+            else:
+                e.count += 1
+                e.episodes.add(t.episode_id)
+            if t.task_id not in self._tasks:
+                self._tasks[t.task_id] = Task(task_id=t.task_id, env=t.env, instruction=t.instruction,
+                                              params={}, origin="seed")
+            if t.step == 0:
+                self._initial.setdefault(t.task_id, Counter())[t.state] += 1
+            if t.admissible_actions is not None:
+                self._admissible.setdefault(t.state, list(t.admissible_actions))
+        self.entries = list(entries.values())
+        self._search = functools.lru_cache(maxsize=cache_size)(self._search_uncached)
+
+    @staticmethod
+    def from_parquet(path: str | Path, env: str | None = None, limit: int | None = None, **kw: Any) -> TransitionIndex:
+        """Index a transitions file (only rows of ``env`` when given; the first ``limit`` rows)."""
+        from dreamgym.data.transitions import iter_transitions
+
+        def rows() -> Iterable[Transition]:
+            n = 0
+            for t in iter_transitions(path):
+                if env is not None and t.env != env:
+                    continue
+                if limit is not None and n >= limit:
+                    return
+                n += 1
+                yield t
+
+        return TransitionIndex(rows(), **kw)
+
+    # -- retrieval -----------------------------------------------------------------------------
+    def _search_uncached(self, state: str, action: str, k: int, exclude_episode: str | None) -> tuple[_Entry, ...]:
+        sw, aw = words(state), words(action)
+        scored = []
+        for e in self.entries:
+            if exclude_episode is not None and e.episodes == {exclude_episode}:
+                continue
+            s = jaccard(sw, e.state_words) + self.action_weight * jaccard(aw, e.action_words)
+            if action == e.t.action:
+                s += self.exact_action_bonus
+            scored.append((s, e.count, e))
+        scored.sort(key=lambda x: (-x[0], -x[1]))
+        return tuple(e for _, _, e in scored[:k])
+
+    def search(self, state: str, action: str, k: int, exclude_episode: str | None = None) -> list[Demonstration]:
+        """Top-``k`` distinct demonstrations for ``(state, action)``. ``exclude_episode`` leaves out
+        transitions seen only in that episode (leave-one-episode-out, for training examples)."""
+        sw, aw = words(state), words(action)
+        out = []
+        for e in self._search(state, action, k, exclude_episode):
+            score = jaccard(sw, e.state_words) + self.action_weight * jaccard(aw, e.action_words)
+            out.append(replace(as_demonstration(e.t), score=score))
+        return out
+
+    def __call__(self, state: str, action: str, k: int) -> list[Demonstration]:
+        return self.search(state, action, k)
+
+    # -- task facts ----------------------------------------------------------------------------
+    def tasks(self, count: int | None = None, first: int = 0) -> list[Task]:
+        """Tasks seen in the data, in first-seen order, each with its most common initial state in
+        ``params['initial_state']``."""
+        out = []
+        for task in list(self._tasks.values())[first: None if count is None else first + count]:
+            params = dict(task.params)
+            init = self._initial.get(task.task_id)
+            if init:
+                params["initial_state"] = init.most_common(1)[0][0]
+            out.append(Task(task.task_id, task.env, task.instruction, params, task.origin))
+        return out
+
+    def initial_state(self, task: Task) -> str | None:
+        init = self._initial.get(task.task_id)
+        return init.most_common(1)[0][0] if init else None
+
+    def admissible(self, state: str) -> list[str] | None:
+        """The valid actions recorded for exactly this state, if it was seen."""
+        acts = self._admissible.get(state)
+        return list(acts) if acts is not None else None

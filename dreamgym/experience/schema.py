@@ -1,0 +1,113 @@
+"""Records of the experience model: what goes in (a query), what comes back (a prediction), and the
+text-level request/reply that crosses the client seam. Plain picklable dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+#: A chat message, OpenAI style: ``{"role": "system" | "user" | "assistant", "content": str}``.
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One top-k demonstration: a real transition ``(s, a) -> (s', r, done, success)`` retrieved
+    because its state and action resemble the query's."""
+
+    state: str
+    action: str
+    next_state: str
+    reward: float
+    done: bool
+    success: bool
+    score: float = 0.0
+    """Retrieval similarity (higher is closer); informational only."""
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    """One earlier step of the episode: the action taken and the abstract state it led to."""
+
+    action: str
+    state: str
+
+
+@dataclass
+class ExperienceQuery:
+    """Everything the experience model conditions on for one step ``(s_t, a_t)``."""
+
+    env: str
+    """Spec of the environment being imitated (``twx:coin``); selects the prompt template."""
+    instruction: str
+    """The task instruction."""
+    state: str
+    """The current abstract state ``s_t``."""
+    action: str
+    """The agent's action ``a_t``."""
+    history: list[HistoryStep] = field(default_factory=list)
+    """Earlier steps, oldest first (the prompt shows the last ``history_steps`` of them)."""
+    demonstrations: list[Demonstration] = field(default_factory=list)
+    """Top-k retrieved real transitions, most similar first."""
+    admissible_actions: list[str] | None = None
+    """Valid actions in ``s_t`` where known; an action outside this list is settled as a failure."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling of one generation. No per-request seed: it crashes vLLM's CPU sampler (the engine
+    has one seed, see STACK.md)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 384
+    stop: tuple[str, ...] = ()
+
+    def with_(self, **changes: Any) -> Sampling:
+        return replace(self, **changes)
+
+
+@dataclass
+class CompletionRequest:
+    """One chat completion asked of a client."""
+
+    messages: list[Message]
+    sampling: Sampling
+
+
+@dataclass
+class Completion:
+    """A client's reply to one request."""
+
+    text: str
+    finish_reason: str = "stop"
+    """``stop`` (end of sequence or stop string), ``length`` (token limit), or ``error:<what>`` when
+    the backend refused the request (e.g. the prompt does not fit the context)."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Prediction:
+    """The experience model's answer for one query: reasoning, then ``(s_{t+1}, r, done, success)``.
+
+    ``valid`` is False when every attempt produced a malformed reply: such a prediction carries no
+    next state and must never reach the learner as a valid transition.
+    """
+
+    next_state: str
+    reward: float
+    done: bool
+    success: bool
+    reasoning: str = ""
+    valid: bool = True
+    invalid_reason: str = ""
+    """Why the last attempt failed to parse (``missing:<reward>``, ``reward:out-of-range``, ...)."""
+    attempts: int = 0
+    """Model calls spent on this query (0 when the admissible list settled it)."""
+    settled: bool = False
+    """The environment's admissible list settled the step (inadmissible action: failure state)."""
+    raw: str = ""
+    """The last raw reply (for debugging and the invalid-reply log)."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0

@@ -1,0 +1,164 @@
+"""``SyntheticEnv``: the environment protocol on top of the experience model and retrieval.
+
+Rollout code steps it exactly like a real environment. Each ``step(a_t)``:
+
+1. retrieves the top-k demonstrations for ``(s_t, a_t)`` with the given ``retrieve`` callable (the
+   replay buffer, or a ``TransitionIndex``);
+2. asks the experience model (reasoning, then ``s_{t+1}``, ``r``, done, success) with the task, the last
+   ``H`` steps of history and the valid actions where known;
+3. returns a ``StepResult`` whose ``info`` says ``source='synthetic'``, whether the prediction is
+   ``valid``, the reasoning and the attempts spent.
+
+An invalid prediction (every attempt malformed) ends the episode with reward 0, no success,
+``info['valid'] = False`` and the state unchanged: rollout code copies ``info['valid']`` into
+``Transition.valid`` so the learner never takes it as a valid transition. The step budget
+(``max_steps``) truncates the episode as in real environments.
+
+Initial states come from ``task.params['initial_state']`` or from ``initial_state(task)`` (e.g.
+``TransitionIndex.initial_state``: the state real episodes of that task started from). Valid actions
+of a state come from ``admissible(state)`` when given (e.g. ``TransitionIndex.admissible``: the list
+recorded for that exact state in real data), else they are unknown and the model decides whether an
+action is admissible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
+
+from dreamgym.envs.base import Environment
+from dreamgym.errors import EnvironmentSpecError
+from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.retrieval import Retriever, as_demonstration
+from dreamgym.experience.schema import ExperienceQuery, HistoryStep
+from dreamgym.experience.templates import state_rules_for
+from dreamgym.types import Observation, StepResult, Task
+
+
+class SyntheticEnv(Environment):
+    family: ClassVar[str] = "synthetic"
+
+    def __init__(
+        self,
+        model: ExperienceModel,
+        retrieve: Retriever | None,
+        env: str,
+        *,
+        top_k: int | None = None,
+        max_steps: int = 20,
+        state_max_chars: int = 2_000,
+        task_source: Callable[[int, int, str], list[Task]] | None = None,
+        initial_state: Callable[[Task], str | None] | None = None,
+        admissible: Callable[[str], list[str] | None] | None = None,
+    ) -> None:
+        """``env``: spec of the imitated real environment (``twx:coin``); tasks of that spec are accepted.
+        ``retrieve=None`` runs without demonstrations (the "no replay retrieval" ablation)."""
+        super().__init__(f"synthetic:{env}", max_steps=max_steps, state_max_chars=state_max_chars)
+        self.imitated = env
+        self.model = model
+        self.retrieve = retrieve
+        self.top_k = model.prompt.top_k if top_k is None else top_k
+        self._task_source = task_source
+        self._initial_state = initial_state
+        self._admissible = admissible
+        self._task: Task | None = None
+        self._state = ""
+        self._valid: list[str] | None = None
+        self._history: list[HistoryStep] = []
+        self._done = True
+
+    @property
+    def state_rules(self) -> str:  # type: ignore[override]
+        return state_rules_for(self.imitated)
+
+    # -- tasks ---------------------------------------------------------------------------------
+    def tasks(self, count: int, first: int = 0, split: str = "train") -> list[Task]:
+        if self._task_source is None:
+            raise EnvironmentSpecError(
+                "this SyntheticEnv has no task source: pass task_source= (e.g. TransitionIndex.tasks) or "
+                "reset it with tasks from the real environment"
+            )
+        return self._task_source(count, first, split)
+
+    # -- episode -------------------------------------------------------------------------------
+    def reset(self, task: Task) -> Observation:
+        if task.env not in (self.imitated, self.spec):
+            raise EnvironmentSpecError(f"task {task.task_id!r} is for {task.env!r}; this SyntheticEnv imitates "
+                                       f"{self.imitated!r}")
+        state = task.params.get("initial_state")
+        if state is None and self._initial_state is not None:
+            state = self._initial_state(task)
+        if not state:
+            raise EnvironmentSpecError(
+                f"no initial state for task {task.task_id!r}: give it params['initial_state'] or pass "
+                "initial_state= (e.g. TransitionIndex.initial_state over real data with this task)"
+            )
+        self._task = task
+        self._state = self.abstract_state(str(state))
+        self._history = []
+        self._done = False
+        self._valid = self._admissible(self._state) if self._admissible else None
+        return Observation(text=self._state, state=self._state, admissible_actions=self._valid,
+                           instruction=task.instruction)
+
+    def step(self, action: str) -> StepResult:
+        if self._done or self._task is None:
+            raise RuntimeError("step() called with no running episode: call reset(task) first")
+        demos = []
+        if self.retrieve is not None and self.top_k > 0:
+            demos = [as_demonstration(d) for d in self.retrieve(self._state, action, self.top_k)]
+        query = ExperienceQuery(
+            env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
+            history=list(self._history), demonstrations=demos, admissible_actions=self._valid,
+        )
+        pred = self.model.predict_one(query)
+        admissible = None if self._valid is None else action in self._valid
+        info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
+                "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
+                "admissible": admissible, "demonstrations": len(demos)}
+        if not pred.valid:
+            self._done = True
+            info["truncated"] = True
+            obs = Observation(text=self._state, state=self._state, admissible_actions=self._valid,
+                              instruction=self._task.instruction)
+            return StepResult(observation=obs, reward=0.0, done=True, success=False, info=info)
+        self._state = self.abstract_state(pred.next_state)
+        self._history.append(HistoryStep(action=action, state=self._state))
+        truncated = not pred.done and len(self._history) >= self.max_steps
+        self._done = pred.done or truncated
+        info["truncated"] = truncated
+        self._valid = self._admissible(self._state) if self._admissible else None
+        obs = Observation(text=self._state, state=self._state, admissible_actions=self._valid,
+                          instruction=self._task.instruction)
+        return StepResult(observation=obs, reward=pred.reward, done=self._done,
+                          success=pred.success and pred.done, info=info)
+
+    def admissible_actions(self) -> list[str] | None:
+        return None if self._valid is None else list(self._valid)
+
+    def close(self) -> None:
+        """Nothing to release: the experience model's client is shared and closed by its owner."""
+
+
+class TaskFacts(Protocol):
+    """What ``synthetic_env_from_index`` reads from an index of real data (``TransitionIndex`` has it)."""
+
+    def __call__(self, state: str, action: str, k: int) -> Sequence[Any]: ...
+    def tasks(self, count: int | None = None, first: int = 0) -> list[Task]: ...
+    def initial_state(self, task: Task) -> str | None: ...
+    def admissible(self, state: str) -> list[str] | None: ...
+
+
+def synthetic_env_from_index(
+    model: ExperienceModel, index: TaskFacts, env: str, *, max_steps: int = 20, use_retrieval: bool = True,
+    top_k: int | None = None, state_max_chars: int = 2_000,
+) -> SyntheticEnv:
+    """A ``SyntheticEnv`` whose retrieval, tasks, initial states and valid actions all come from one index
+    of real transitions. ``use_retrieval=False``: no demonstrations (the "no replay retrieval" ablation)."""
+    return SyntheticEnv(
+        model, index if use_retrieval else None, env, top_k=top_k, max_steps=max_steps,
+        state_max_chars=state_max_chars,
+        task_source=lambda count, first, split: index.tasks(count, first),
+        initial_state=index.initial_state,
+        admissible=index.admissible,
+    )

@@ -1,0 +1,369 @@
+"""The experience replay buffer of one process (one shard): DreamGym's memory.
+
+Seeded with offline real transitions and grown with the policy's synthetic ones, it answers, for each
+synthetic step, the top-k demonstrations: the stored transitions whose ``phi(s, a)`` is most similar to
+the query's. The experience model reads them before predicting the next state and reward.
+
+Data rules, enforced here so every backend behaves the same:
+
+- real transitions are never evicted;
+- synthetic transitions are capped (``synthetic_cap``) and the oldest go first (FIFO by ``seq``);
+- a transition marked invalid (an experience-model reply that could not be parsed) is never stored,
+  so it can never come back as a demonstration;
+- exact duplicates are stored once: the point id is a hash of the content (``records.point_id``) and
+  a write skips ids already present, which also makes retried writes harmless;
+- every stored synthetic transition carries its metadata: iteration, policy version, task id, reward,
+  valid flag (plus the source, policy and episode it came from).
+
+Ray does not appear here; ``actors/replay.py`` runs S of these as shard actors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dreamgym.errors import ReplayStorageUnavailableError, VectorSizeError
+from dreamgym.replay.encoder import Encoder, normalise
+from dreamgym.replay.filters import Condition, Filters, parse_filters
+from dreamgym.replay.records import payload_transition, point_id, point_payload
+from dreamgym.replay.storage import StoredPoint, VectorStore, open_store
+from dreamgym.types import Demonstration, Trajectory, Transition
+
+if TYPE_CHECKING:
+    from dreamgym.config import ReplayConfig
+
+REAL = Condition("source", "eq", "real")
+SYNTHETIC = Condition("source", "eq", "synthetic")
+LAYOUT_FILE = "layout.json"
+#: Extra candidates fetched per search so that ties at the k-th place are broken the same way everywhere.
+TIE_MARGIN = 8
+#: Most candidates fetched for one query while following a tie at the k-th place.
+MAX_TIE_FETCH = 4096
+
+
+@dataclass
+class AddResult:
+    """The acknowledgement of a write: what happened to each transition offered."""
+
+    stored: int = 0
+    """Newly stored transitions (durable when ``add`` returns)."""
+    duplicates: int = 0
+    """Exact duplicates of stored (or earlier in the same batch) transitions, not stored again."""
+    invalid: int = 0
+    """Transitions marked ``valid=False``, never stored."""
+    evicted: int = 0
+    """Oldest synthetic transitions removed to respect the per-shard cap."""
+
+    def __iadd__(self, other: AddResult) -> AddResult:
+        self.stored += other.stored
+        self.duplicates += other.duplicates
+        self.invalid += other.invalid
+        self.evicted += other.evicted
+        return self
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class ReplayBuffer:
+    """Add, retrieve, count, snapshot and restore transitions in one vector store.
+
+    ``encoder`` computes ``phi(s, a)`` for writes and queries without precomputed vectors; it is loaded on
+    first use. ``shard``/``num_shards`` only matter for restoring snapshots with another shard layout.
+    """
+
+    def __init__(
+        self,
+        store: VectorStore,
+        encoder: Encoder | None = None,
+        *,
+        synthetic_cap: int = 100_000,
+        demo_sources: Sequence[str] = ("real", "synthetic"),
+        k: int = 4,
+        exact: bool = True,
+        hnsw_ef: int = 128,
+        shard: int = 0,
+        num_shards: int = 1,
+    ) -> None:
+        self.store = store
+        self.encoder = encoder or Encoder()
+        self.synthetic_cap = synthetic_cap
+        self.demo_sources = list(demo_sources)
+        self.k = k
+        self.exact = exact
+        self.hnsw_ef = hnsw_ef
+        self.shard = shard
+        self.num_shards = num_shards
+        # Counters are derived from storage on open, so they survive restarts with the data.
+        self._real = store.count([REAL])
+        self._synthetic = store.count([SYNTHETIC])
+        last = store.ordered([], 1, descending=True)
+        self._next_seq = int(last[0].payload["seq"]) + 1 if last else 0
+        self._session = AddResult()
+        self._deleted_since_optimize = 0
+        # A crash between a write and its eviction leaves the shard over the cap: settle it now.
+        self._evict()
+
+    @classmethod
+    def from_config(cls, cfg: ReplayConfig, root: str | Path | None = None, shard: int = 0, num_shards: int = 1,
+                    encoder: Encoder | None = None) -> ReplayBuffer:
+        """Open shard ``shard`` of ``num_shards`` as the config says (``root`` overrides ``cfg.path``)."""
+        encoder = encoder or Encoder(cfg.encoder, cfg.encode_batch_size, threads=cfg.encoder_threads,
+                                     dtype=cfg.encoder_dtype)
+        root = Path(root) if root is not None else cfg.path
+        if cfg.backend != "server" and root is not None:
+            check_layout(root, num_shards, encoder, cfg.backend)
+        store = open_store(cfg, encoder.dim, shard, root)
+        return cls(store, encoder, synthetic_cap=cfg.synthetic_cap, demo_sources=cfg.demo_sources, k=cfg.k,
+                   exact=cfg.index == "exact", hnsw_ef=cfg.hnsw_ef, shard=shard, num_shards=num_shards)
+
+    # -- writes ----------------------------------------------------------------------------------
+    def add(self, transitions: Sequence[Transition], vectors: np.ndarray | None = None, *, iteration: int = -1,
+            policy_version: int | None = None) -> AddResult:
+        """Store transitions (skipping invalid ones and exact duplicates); durable when it returns.
+
+        ``vectors``: precomputed ``phi(s, a)`` rows, one per transition (else the encoder computes them).
+        ``iteration``: the training iteration that produced them (``-1``: offline data).
+        ``policy_version``: weight version of the policy (default: each transition's ``weight_version``).
+        """
+        res = AddResult()
+        if vectors is not None:
+            vectors = np.asarray(vectors, dtype=np.float32)
+            if vectors.ndim != 2 or vectors.shape[0] != len(transitions):
+                raise VectorSizeError(
+                    f"replay add: got {len(transitions)} transitions but vectors of shape {vectors.shape}; pass one "
+                    f"row of size {self.store.dim} per transition, or vectors=None to embed them here"
+                )
+            self.store.check_vectors(vectors, "replay add")
+        keep: list[int] = []
+        ids: list[str] = []
+        seen: set[str] = set()
+        for i, t in enumerate(transitions):
+            if not t.valid:
+                res.invalid += 1
+                continue
+            pid = point_id(t)
+            if pid in seen:
+                res.duplicates += 1
+                continue
+            seen.add(pid)
+            keep.append(i)
+            ids.append(pid)
+        present = self.store.existing(ids)
+        if present:
+            res.duplicates += len(present)
+            keep = [i for i, pid in zip(keep, ids, strict=True) if pid not in present]
+            ids = [pid for pid in ids if pid not in present]
+        if keep:
+            new = [transitions[i] for i in keep]
+            # Only new transitions are embedded: duplicates cost a hash, not a forward pass.
+            vecs = normalise(vectors[keep]) if vectors is not None else self._encode([(t.state, t.action) for t in new])
+            payloads = [point_payload(t, iteration, _version(t, policy_version), self._next_seq + j)
+                        for j, t in enumerate(new)]
+            self._insert(ids, vecs, payloads)
+            res.stored = len(new)
+        res.evicted = self._evict()
+        self._session += res
+        return res
+
+    def add_trajectory(self, trajectory: Trajectory, iteration: int = -1) -> AddResult:
+        """Store a whole episode; its ``weight_version`` becomes the transitions' policy version."""
+        return self.add(trajectory.transitions, iteration=iteration, policy_version=trajectory.weight_version)
+
+    def _encode(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        vecs = self.encoder.encode(pairs)
+        if vecs.shape[1] != self.store.dim:
+            raise VectorSizeError(
+                f"replay: the encoder {self.encoder.name!r} makes {vecs.shape[1]}-d vectors but the collection at "
+                f"{self.store.where} holds {self.store.dim}-d ones; set replay.encoder to the model the collection "
+                "was built with, or use a new replay.path / replay.collection"
+            )
+        return vecs
+
+    def _insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None:
+        """Write points whose payloads already carry ``seq``; keeps the counters in step."""
+        self.store.upsert(ids, vectors, payloads)
+        for p in payloads:
+            if p["source"] == "real":
+                self._real += 1
+            else:
+                self._synthetic += 1
+        self._next_seq = max(self._next_seq, max(int(p["seq"]) for p in payloads) + 1)
+
+    def _evict(self) -> int:
+        """Remove the oldest synthetic transitions beyond the cap (FIFO); real ones are never touched."""
+        evicted = 0
+        while self._synthetic > self.synthetic_cap:
+            oldest = self.store.ordered([SYNTHETIC], min(self._synthetic - self.synthetic_cap, 4096))
+            if not oldest:
+                break
+            self.store.delete([p.id for p in oldest])
+            self._synthetic -= len(oldest)
+            evicted += len(oldest)
+        self._deleted_since_optimize += evicted
+        if self._deleted_since_optimize > max(10_000, len(self) // 5):
+            # Deleted points only cost disk until the segment is vacuumed; do it now and then.
+            self.store.optimize()
+            self._deleted_since_optimize = 0
+        return evicted
+
+    # -- retrieval ---------------------------------------------------------------------------
+    def conditions(self, filters: Filters | None) -> list[Condition]:
+        """Checked filter conditions, with the default demonstration sources unless ``source`` is given."""
+        conds = parse_filters(filters)
+        if not any(c.field == "source" for c in conds):
+            conds.append(Condition("source", "any", list(self.demo_sources)))
+        return conds
+
+    def retrieve(self, state: str, action: str, k: int | None = None,
+                 filters: Filters | None = None) -> list[Demonstration]:
+        """The top-k demonstrations for ``(state, action)``, most similar first."""
+        return self.retrieve_batch([(state, action)], k, filters)[0]
+
+    def retrieve_batch(self, queries: Sequence[tuple[str, str]], k: int | None = None,
+                       filters: Filters | None = None) -> list[list[Demonstration]]:
+        """``retrieve`` for many ``(state, action)`` queries with one encoder pass and one store call."""
+        conds = self.conditions(filters)  # checked before paying for the embedding
+        if not queries:
+            return []
+        return self.search_conditions(self._encode(list(queries)), k, conds)
+
+    def search(self, vectors: np.ndarray, k: int | None = None,
+               filters: Filters | None = None) -> list[list[Demonstration]]:
+        """Top-k demonstrations for precomputed query vectors ``phi(s, a)`` (one list per row)."""
+        return self.search_conditions(vectors, k, self.conditions(filters))
+
+    def search_conditions(self, vectors: np.ndarray, k: int | None,
+                          conditions: list[Condition]) -> list[list[Demonstration]]:
+        k = k or self.k
+        v = self.store.check_vectors(vectors, "replay search")
+        # Extra candidates so that ties at the k-th place are settled by ``rank``, not by storage order.
+        limit = k + TIE_MARGIN
+        hits = self.store.search(v, limit, conditions, exact=self.exact, hnsw_ef=self.hnsw_ef)
+        for i, row in enumerate(hits):
+            # Identical (s, a) with different outcomes are common (the same room in many seeds): when the
+            # tie runs past the candidates, widen this query until it ends (bounded by MAX_TIE_FETCH).
+            wider = limit
+            while len(row) == wider and _key(row[-1]) == _key(row[k - 1]) and wider < MAX_TIE_FETCH:
+                wider = min(wider * 4, MAX_TIE_FETCH)
+                row = self.store.search(v[i:i + 1], wider, conditions, exact=self.exact, hnsw_ef=self.hnsw_ef)[0]
+            hits[i] = row
+        return [rank([to_demonstration(p) for p in row], k) for row in hits]
+
+    # -- reading -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._real + self._synthetic
+
+    def counts(self) -> dict[str, int]:
+        """Stored transitions by source, plus what this process skipped or evicted since it opened."""
+        s = self._session
+        return {"real": self._real, "synthetic": self._synthetic, "total": len(self),
+                "duplicates_skipped": s.duplicates, "invalid_skipped": s.invalid, "evicted": s.evicted}
+
+    def iter_points(self, filters: Filters | None = None, batch_size: int = 1024,
+                    with_vectors: bool = False) -> Iterator[list[StoredPoint]]:
+        """Stored points in insertion order (``seq``), a page at a time (bounded memory)."""
+        conds = parse_filters(filters, "iter_points")
+        after: int | None = None
+        while True:
+            page = self.store.ordered(conds, batch_size, after_seq=after, with_vectors=with_vectors)
+            if not page:
+                return
+            yield page
+            after = int(page[-1].payload["seq"])
+
+    def iter_transitions(self, filters: Filters | None = None, batch_size: int = 1024) -> Iterator[Transition]:
+        """Every stored transition matching ``filters``, oldest first (training data for the experience model)."""
+        for page in self.iter_points(filters, batch_size):
+            for p in page:
+                yield payload_transition(p.payload)
+
+    def __iter__(self) -> Iterator[Transition]:
+        return self.iter_transitions()
+
+    # -- persistence -------------------------------------------------------------------------
+    def snapshot(self, directory: str | Path) -> Path:
+        """Write every stored point (ids, payloads, vectors) to Parquet files in ``directory``."""
+        from dreamgym.replay.snapshot import write_manifest, write_part
+
+        part = write_part(self, directory, "part-000")
+        return write_manifest(directory, [part], dim=self.store.dim, encoder=self.encoder.name, num_shards=1)
+
+    def restore(self, directory: str | Path) -> int:
+        """Load a snapshot into this (empty) buffer; returns the number of points restored."""
+        from dreamgym.replay.snapshot import restore_into
+
+        return restore_into(self, directory)
+
+    def optimize(self) -> None:
+        """Build the vector index (``hnsw``) and vacuum deleted points, where the backend does it on request."""
+        self.store.optimize()
+
+    def flush(self) -> None:
+        self.store.flush()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def rank(demos: Iterable[Demonstration], k: int) -> list[Demonstration]:
+    """The top-k demonstrations, most similar first, in one total order every shard layout agrees on.
+
+    Scores are compared at 1e-6 (the same vectors scored by two segment layouts can differ in the last
+    bits), ties by id: the top-k of one buffer then equals the merged top-k of its shards.
+    """
+    return sorted(demos, key=lambda d: (-round(d.score, 6), d.id))[:k]
+
+
+def _key(p: StoredPoint) -> float:
+    return round(p.score or 0.0, 6)
+
+
+def _version(t: Transition, policy_version: int | None) -> int:
+    if policy_version is not None:
+        return policy_version
+    return t.weight_version if t.weight_version is not None else -1
+
+
+def to_demonstration(p: StoredPoint) -> Demonstration:
+    return Demonstration(transition=payload_transition(p.payload), score=float(p.score or 0.0), id=p.id,
+                         iteration=int(p.payload.get("iteration", -1)),
+                         policy_version=int(p.payload.get("policy_version", -1)))
+
+
+def check_layout(root: str | Path, num_shards: int, encoder: Encoder, backend: str) -> None:
+    """Record (first open) or check (later opens) how a replay folder is sharded and embedded.
+
+    Routing is ``hash(id) mod S``: reopening a folder with another S would store a duplicate on another
+    shard, and another encoder would mix incomparable vectors; both are refused with the fix.
+    """
+    root = Path(root)
+    path = root / LAYOUT_FILE
+    want = {"num_shards": num_shards, "encoder": encoder.name, "backend": backend}
+    if path.is_file():
+        try:
+            have = json.loads(path.read_text())
+        except ValueError:
+            have = None
+        if not isinstance(have, dict):
+            raise ReplayStorageUnavailableError(f"{path} is not valid JSON; it describes the replay folder {root}")
+        for key, value in want.items():
+            if have.get(key) != value:
+                fix = {"num_shards": f"replay.shards: {have.get(key)}", "encoder": f"replay.encoder: {have.get(key)}",
+                       "backend": f"replay.backend: {have.get(key)}"}[key]
+                raise ReplayStorageUnavailableError(
+                    f"the replay folder {root} was built with {key}={have.get(key)!r}, not {value!r}; set {fix} "
+                    "to reuse it, or point replay.path at a new folder"
+                )
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(want, indent=2) + "\n")
+    tmp.replace(path)  # atomic: shards opening together write the same content

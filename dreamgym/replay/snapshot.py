@@ -1,0 +1,263 @@
+"""Replay snapshots: every stored point (id, payload, vector) as Parquet, checked on the way back.
+
+A snapshot folder holds, per part (one part per shard):
+
+- ``part-NNN.transitions.parquet``: the transitions, in the project's transitions schema (with the
+  ``valid`` column), so a snapshot is also a dataset ``dreamgym inspect-data`` reads and the experience
+  model trains on;
+- ``part-NNN.meta.parquet``: row-aligned with it, the point ``id``, ``seq`` (insertion order, which FIFO
+  eviction follows), ``iteration``, ``policy_version`` and the stored ``vector``;
+- ``manifest.json``, written last: format version, vector size, encoder, shard layout, and the SHA-256
+  of every file. A folder without it is an interrupted snapshot.
+
+Restoring verifies checksums, schemas, row counts and that each id is the hash of its row's content
+before it writes anything, so a damaged snapshot fails with a ``SnapshotError`` naming the file and
+the problem instead of restoring half a buffer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dreamgym.data.transitions import TransitionWriter, iter_batches
+from dreamgym.errors import DataSchemaError, SnapshotError
+from dreamgym.replay.records import point_id, point_payload, shard_of
+from dreamgym.types import Transition
+
+if TYPE_CHECKING:
+    from dreamgym.replay.buffer import ReplayBuffer
+
+FORMAT = "dreamgym-replay-snapshot"
+VERSION = 1
+MANIFEST = "manifest.json"
+FIX = "take a new snapshot, or restore from an intact copy of this folder"
+
+
+def meta_schema(dim: int) -> pa.Schema:
+    return pa.schema([
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("iteration", pa.int64(), nullable=False),
+        pa.field("policy_version", pa.int64(), nullable=False),
+        pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+    ])
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- writing --------------------------------------------------------------------------------------
+def write_part(buffer: ReplayBuffer, directory: str | Path, name: str, batch_size: int = 4096) -> dict[str, Any]:
+    """Write every point of ``buffer`` as part ``name`` (streamed a page at a time); returns its manifest entry."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tpath, mpath = d / f"{name}.transitions.parquet", d / f"{name}.meta.parquet"
+    schema = meta_schema(buffer.store.dim)
+    rows = 0
+    with TransitionWriter(tpath, optional=("valid",)) as tw, pq.ParquetWriter(mpath, schema, compression="zstd") as mw:
+        for page in buffer.iter_points(batch_size=batch_size, with_vectors=True):
+            tw.write([_transition_row(p.payload) for p in page])
+            vecs = np.stack([p.vector for p in page]).astype(np.float32)  # type: ignore[misc]
+            mw.write_table(pa.table({
+                "id": [p.id for p in page],
+                "seq": [int(p.payload["seq"]) for p in page],
+                "iteration": [int(p.payload.get("iteration", -1)) for p in page],
+                "policy_version": [int(p.payload.get("policy_version", -1)) for p in page],
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel(), pa.float32()), buffer.store.dim),
+            }, schema=schema))
+            rows += len(page)
+    return {"name": name, "shard": buffer.shard, "rows": rows,
+            "files": {p.name: sha256_file(p) for p in (tpath, mpath)}}
+
+
+def _transition_row(payload: dict[str, Any]) -> dict[str, Any]:
+    from dreamgym.replay.records import TRANSITION_FIELDS
+
+    return {k: payload.get(k) for k in TRANSITION_FIELDS}
+
+
+def write_manifest(directory: str | Path, parts: list[dict[str, Any]], dim: int, encoder: str,
+                   num_shards: int) -> Path:
+    """Write ``manifest.json`` last and atomically: its presence marks a complete snapshot."""
+    d = Path(directory)
+    manifest = {"format": FORMAT, "version": VERSION, "dim": dim, "encoder": encoder, "num_shards": num_shards,
+                "rows": sum(p["rows"] for p in parts), "created": time.time(),
+                "parts": sorted(parts, key=lambda p: p["name"])}
+    tmp = d / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(d / MANIFEST)
+    return d
+
+
+# -- reading --------------------------------------------------------------------------------------
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of a snapshot folder, checked for shape (not yet the files)."""
+    d = Path(directory)
+    path = d / MANIFEST
+    if not d.is_dir():
+        raise SnapshotError(f"replay snapshot folder not found: {d}")
+    if not path.is_file():
+        raise SnapshotError(
+            f"{d} is not a complete replay snapshot: {MANIFEST} is missing (the snapshot was interrupted or this is "
+            f"another folder); {FIX}"
+        )
+    try:
+        m = json.loads(path.read_text())
+    except ValueError as e:
+        raise SnapshotError(f"{path} is not valid JSON ({e}); {FIX}") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise SnapshotError(f"{path} is not a dreamgym replay snapshot manifest (format {FORMAT!r} expected); {FIX}")
+    if m.get("version") != VERSION:
+        raise SnapshotError(f"{path} has snapshot version {m.get('version')!r}; this dreamgym reads version {VERSION}")
+    for key, typ in (("dim", int), ("num_shards", int), ("parts", list), ("encoder", str)):
+        if not isinstance(m.get(key), typ):
+            raise SnapshotError(f"{path}: field {key!r} is missing or not a {typ.__name__}; {FIX}")
+    for p in m["parts"]:
+        if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("rows"), int)
+                and isinstance(p.get("shard"), int) and isinstance(p.get("files"), dict) and len(p["files"]) == 2):
+            raise SnapshotError(f"{path}: malformed part entry {p!r}; {FIX}")
+    return m
+
+
+def verify_part(directory: str | Path, part: dict[str, Any]) -> None:
+    """Check that both files of a part exist and have the checksums the manifest recorded."""
+    d = Path(directory)
+    for fname, digest in part["files"].items():
+        f = d / fname
+        if not f.is_file():
+            raise SnapshotError(f"replay snapshot {d}: file {fname} listed in {MANIFEST} is missing; {FIX}")
+        if sha256_file(f) != digest:
+            raise SnapshotError(
+                f"replay snapshot {d}: {fname} is corrupt (its SHA-256 differs from the one in {MANIFEST}: the file "
+                f"was truncated or modified); {FIX}"
+            )
+
+
+def iter_part(directory: str | Path, part: dict[str, Any], dim: int,
+              batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray, list[dict[str, Any]]]]:
+    """Stream a part as ``(ids, vectors, payloads)`` batches, checking schema, alignment and ids."""
+    d = Path(directory)
+    name = part["name"]
+    tpath, mpath = d / f"{name}.transitions.parquet", d / f"{name}.meta.parquet"
+    try:
+        meta = pq.ParquetFile(mpath)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SnapshotError(f"replay snapshot {d}: {mpath.name} is not readable Parquet ({e}); {FIX}") from None
+    if not meta.schema_arrow.equals(meta_schema(dim)):
+        raise SnapshotError(
+            f"replay snapshot {d}: {mpath.name} has schema {meta.schema_arrow} but {meta_schema(dim)} was expected "
+            f"(vectors of size {dim}); {FIX}"
+        )
+    if meta.metadata.num_rows != part["rows"]:
+        raise SnapshotError(f"replay snapshot {d}: {mpath.name} has {meta.metadata.num_rows} rows, {MANIFEST} says "
+                            f"{part['rows']}; {FIX}")
+    taker = _RowTaker(meta.iter_batches(batch_size=batch_size))
+    seen = 0
+    try:
+        for tb in iter_batches(tpath, batch_size):
+            mb = taker.take(tb.num_rows)
+            if mb.num_rows != tb.num_rows:
+                raise SnapshotError(f"replay snapshot {d}: {tpath.name} has more rows than {mpath.name}; {FIX}")
+            ids = mb.column("id").to_pylist()
+            flat = mb.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            vecs = flat.reshape(-1, dim).astype(np.float32)
+            payloads = []
+            for row, pid, seq, it, pv in zip(tb.to_pylist(), ids, mb.column("seq").to_pylist(),
+                                             mb.column("iteration").to_pylist(),
+                                             mb.column("policy_version").to_pylist(), strict=True):
+                t = Transition(**row)
+                if point_id(t) != pid:
+                    raise SnapshotError(
+                        f"replay snapshot {d}: row {seen + len(payloads)} of part {name} has id {pid} but its "
+                        f"content hashes to {point_id(t)} (the files do not belong together or were edited); {FIX}"
+                    )
+                payloads.append(point_payload(t, it, pv, seq))
+            seen += len(ids)
+            yield ids, vecs, payloads
+    except DataSchemaError as e:
+        raise SnapshotError(f"replay snapshot {d}: {e}; {FIX}") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SnapshotError(f"replay snapshot {d}: part {name} cannot be read ({e}); {FIX}") from None
+    if seen != part["rows"]:
+        raise SnapshotError(f"replay snapshot {d}: part {name} has {seen} rows, {MANIFEST} says {part['rows']}; {FIX}")
+
+
+class _RowTaker:
+    """Hands out the next ``n`` rows of a batch stream (Parquet batch sizes of two files need not line up)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._pending: pa.Table | None = None
+
+    def take(self, n: int) -> pa.Table:
+        tables = [self._pending] if self._pending is not None else []
+        have = self._pending.num_rows if self._pending is not None else 0
+        while have < n:
+            b = next(self._batches, None)
+            if b is None:
+                break
+            tables.append(pa.Table.from_batches([b]))
+            have += b.num_rows
+        if not tables:
+            return pa.table({})
+        table = pa.concat_tables(tables)
+        self._pending = table.slice(n) if table.num_rows > n else None
+        return table.slice(0, n)
+
+
+# -- restoring ------------------------------------------------------------------------------------
+def restore_into(buffer: ReplayBuffer, directory: str | Path, batch_size: int = 4096) -> int:
+    """Restore the snapshot's points that belong to ``buffer``'s shard; returns how many were written.
+
+    With the same shard layout as the snapshot, a shard restores its own part and every payload is
+    identical (``seq`` included). With another layout, each shard keeps the rows its hash routes to it
+    and renumbers ``seq`` in snapshot order.
+    """
+    d = Path(directory)
+    m = read_manifest(d)
+    if len(buffer):
+        raise SnapshotError(
+            f"restore needs an empty replay buffer, but the one at {buffer.store.where} holds {len(buffer)} "
+            "transitions; restore into a new replay.path (or collection)"
+        )
+    if m["dim"] != buffer.store.dim:
+        raise SnapshotError(
+            f"replay snapshot {d} holds {m['dim']}-d vectors (encoder {m['encoder']!r}) but the buffer at "
+            f"{buffer.store.where} holds {buffer.store.dim}-d ones; restore it into a buffer built with that encoder "
+            "(replay.encoder)"
+        )
+    same = m["num_shards"] == buffer.num_shards
+    parts = [p for p in m["parts"] if p["shard"] == buffer.shard] if same else list(m["parts"])
+    for p in parts:  # all checksums first: a damaged snapshot must not restore half a buffer
+        verify_part(d, p)
+    restored = 0
+    for p in parts:
+        for ids, vecs, payloads in iter_part(d, p, m["dim"], batch_size):
+            if not same:
+                keep = [i for i, pid in enumerate(ids) if shard_of(pid, buffer.num_shards) == buffer.shard]
+                ids, vecs = [ids[i] for i in keep], vecs[keep]
+                payloads = [payloads[i] for i in keep]
+                for j, pl in enumerate(payloads):
+                    pl["seq"] = buffer._next_seq + j
+            if ids:
+                buffer._insert(ids, vecs, payloads)
+                restored += len(ids)
+    buffer._evict()
+    if not buffer.exact:
+        buffer.optimize()
+    return restored

@@ -1,0 +1,225 @@
+"""An in-process vLLM engine serving the policy: sampling with log-probs, scoring, in-place updates.
+
+``VllmPolicy`` is plain Python (no Ray): the Ray actor ``actors.policy_engine.PolicyEngine`` wraps
+it, and tests or scripts can use it directly. ``engine_env`` gives the environment variables an
+engine needs *before* vLLM is imported (the actor passes them in its ``runtime_env``).
+
+Settings that matter on CPU (see STACK.md): the engine runs in the caller's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: faster start, less memory, tensors reach the worker
+without pickling); the sampling seed is engine-wide (a per-request seed crashes the CPU sampler);
+log-probs are the sampling distribution's (``logprobs_mode="processed_logprobs"``: after
+temperature), so they are ``log pi_old`` of the GRPO ratio at the policy's temperature.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dreamgym.agent_prompt import ACTION_STOP, build_messages, parse_reply
+from dreamgym.types import ActionSample, AgentTurn
+
+if TYPE_CHECKING:
+    import torch
+
+    from dreamgym.config import PolicyConfig
+
+WORKER_EXTENSION = "dreamgym.vllm_worker.WeightUpdateExtension"
+
+
+def engine_env(device: str = "cpu", omp_threads: int = 2) -> dict[str, str]:
+    """Environment variables for a process that will own an in-process vLLM engine."""
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    }
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = str(omp_threads)
+    return env
+
+
+class VllmPolicy:
+    """One vLLM engine holding the policy weights of one version."""
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        engine_index: int = 0,
+        model_path: str | Path | None = None,
+        weight_transfer_backend: str | None = None,
+    ) -> None:
+        for k, v in engine_env(cfg.device, cfg.omp_threads).items():
+            os.environ.setdefault(k, v)
+        from vllm import LLM
+
+        from dreamgym.models import resolve_model
+
+        self.cfg = cfg
+        self.engine_index = engine_index
+        self.model_path = Path(model_path) if model_path else resolve_model(cfg.model)
+        kwargs: dict[str, Any] = {}
+        if cfg.device == "cuda":
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        else:
+            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
+        if weight_transfer_backend:
+            # vLLM's trainer-to-engine transfer (NCCL on GPU); the CPU path needs none.
+            kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=str(self.model_path),
+            dtype=cfg.dtype,
+            seed=cfg.seed + engine_index,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs",
+            **kwargs,
+        )
+        self.start_seconds = time.perf_counter() - t0
+        self.tokenizer = self.llm.get_tokenizer()
+        self.weight_version = 0
+        self.expected_shapes = checkpoint_shapes(self.model_path)
+        """Checkpoint-format name -> shape of the served model; every update is checked against it."""
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if self.tied_embeddings and "model.embed_tokens.weight" in self.expected_shapes:
+            self.expected_shapes.setdefault("lm_head.weight", self.expected_shapes["model.embed_tokens.weight"])
+
+    # -- prompts -----------------------------------------------------------------------------------
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The chat template applied to ``messages``, with the assistant header appended."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def turn_prompt_ids(self, turn: AgentTurn) -> list[int]:
+        c = self.cfg
+        return self.prompt_ids(
+            build_messages(turn, c.reasoning, c.history_steps, c.max_admissible_shown, c.observation_max_chars,
+                           c.worked_example)
+        )
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int = 1,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = (ACTION_STOP,),
+        parse: bool = True,
+    ) -> list[list[ActionSample]]:
+        """``n`` replies per prompt (token ids); each parsed into an action unless ``parse`` is False."""
+        from vllm import SamplingParams
+
+        c = self.cfg
+        params = SamplingParams(
+            n=n,
+            max_tokens=max_tokens or c.max_tokens,
+            temperature=c.temperature if temperature is None else temperature,
+            top_p=c.top_p if top_p is None else top_p,
+            logprobs=0,
+            stop=list(stop) if stop else None,
+            include_stop_str_in_output=True,
+        )
+        version = self.weight_version
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        result: list[list[ActionSample]] = []
+        for prompt, out in zip(prompts, outs, strict=True):
+            samples = []
+            for comp in out.outputs:
+                ids = list(comp.token_ids)
+                lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs or [], strict=True)]
+                parsed = parse_reply(comp.text) if parse else None
+                samples.append(
+                    ActionSample(
+                        text=comp.text,
+                        action=parsed.action if parsed else comp.text,
+                        parsed=parsed.parsed if parsed else False,
+                        prompt_token_ids=list(prompt),
+                        token_ids=ids,
+                        logprobs=lps,
+                        weight_version=version,
+                        finish_reason=str(comp.finish_reason or ""),
+                    )
+                )
+            result.append(samples)
+        return result
+
+    def act(self, turns: Sequence[AgentTurn], n: int = 1, **kw: Any) -> list[list[ActionSample]]:
+        """Sample ``n`` actions for each agent turn (a GRPO group member each)."""
+        return self.generate([self.turn_prompt_ids(t) for t in turns], n=n, **kw)
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """``log p(x_j | x_<j)`` for ``j >= 1`` of each token sequence, at temperature 1 (teacher forcing)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        result = []
+        for seq, out in zip(sequences, outs, strict=True):
+            plp = out.prompt_logprobs or []
+            result.append([float(plp[j][seq[j]].logprob) for j in range(1, len(seq))])
+        return result
+
+    # -- weights -----------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor], version: int) -> dict:
+        """Load a full set of new weights (HF names, any dtype) in place, reset the prefix cache, set ``version``.
+
+        The set is checked against the served checkpoint's names and shapes first: a wrong set raises
+        ``ValueError`` and leaves the engine serving its current weights (a reload that fails half-way
+        would leave layers unmaterialised). With tied embeddings the LM head is sent explicitly as the
+        embedding: on CPU vLLM serves the head from a pre-packed copy that is only rebuilt when
+        ``lm_head.weight`` itself is loaded (trap 2 of STACK.md).
+        """
+        pairs = list(weights.items()) if isinstance(weights, dict) else list(weights)
+        pairs = self._checked(pairs)
+        t0 = time.perf_counter()
+        summary = self.llm.collective_rpc("dg_load_weights", args=(pairs,))[0]
+        self.llm.reset_prefix_cache()
+        self.weight_version = int(version)
+        return {**summary, "version": self.weight_version, "seconds": time.perf_counter() - t0}
+
+    def param_checksum(self, name: str = "model.embed_tokens.weight") -> float:
+        return float(self.llm.collective_rpc("dg_param_checksum", args=(name,))[0])
+
+    def _checked(self, pairs: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        expected = self.expected_shapes
+        names = {n for n, _ in pairs}
+        if self.tied_embeddings and "lm_head.weight" not in names:
+            embed = dict(pairs).get("model.embed_tokens.weight")
+            if embed is not None:
+                pairs = [*pairs, ("lm_head.weight", embed)]
+                names.add("lm_head.weight")
+        unknown = sorted(names - set(expected))
+        missing = sorted(set(expected) - names - ({"lm_head.weight"} if self.tied_embeddings else set()))
+        wrong = [f"{n} {tuple(t.shape)} != {expected[n]}" for n, t in pairs if n in expected
+                 and tuple(t.shape) != expected[n]]
+        if unknown or missing or wrong:
+            raise ValueError(
+                f"weights do not match the served model {self.model_path.name}: unknown {unknown[:5]}, "
+                f"missing {missing[:5]}, wrong shapes {wrong[:5]}"
+            )
+        return pairs
+
+
+def checkpoint_shapes(model_path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of an HF safetensors checkpoint (headers only; no weights are read)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(model_path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():  # noqa: SIM118 - safe_open has no __iter__
+                shapes[k] = tuple(st.get_slice(k).get_shape())
+    return shapes

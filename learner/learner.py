@@ -1,0 +1,294 @@
+"""The GRPO learner: one ``step(groups)`` = advantages, micro-batched backward, one or more AdamW steps.
+
+Buildable and steppable without Ray: ``Learner(cfg.learner, model_path, seed=...)`` in any process.
+The loss is ``dreamgym.grpo.policy_loss`` (its docstring states the exact GRPO variant); the
+sequences and masks come from ``learner.sequences``; checkpoints from ``learner.checkpoint``.
+
+One call of ``step`` is one *learner step*: it bumps the weight version by one (when it updated
+anything), after which the caller pushes ``sync_weights()`` to the engines. Inside a step the batch
+is split into ``mini_batches`` parts, each one AdamW step with gradients accumulated over
+micro-batches of at most ``micro_batch_tokens`` padded tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dreamgym.grpo import policy_loss
+from dreamgym.types import Group, WeightVersion
+from learner.batching import collate, micro_batches
+from learner.model import add_lora, is_peft, load_causal_lm, shard_fsdp, sync_weights, token_logprobs
+from learner.sequences import GrpoBatch, TokenSequence, assign_weights, build_batch
+
+if TYPE_CHECKING:
+    import torch
+
+    from dreamgym.config import DreamGymConfig, LearnerConfig
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    if schedule == "cosine":
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("learner.device is 'cuda' but no CUDA GPU is visible")
+    return device
+
+
+class Learner:
+    """GRPO on a causal LM. ``model_path``: initial weights (HF folder); ``temperature``: the policy's."""
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        model_path: str | Path,
+        *,
+        seed: int = 0,
+        temperature: float = 1.0,
+        reference_path: str | Path | None = None,
+    ) -> None:
+        import torch
+
+        self.cfg = cfg
+        self.model_path = Path(model_path)
+        self.reference_path = Path(reference_path) if reference_path else self.model_path
+        self.temperature = temperature
+        self.seed = seed
+        self.device = pick_device(cfg.device)
+        torch.manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        """Shuffles samples into mini-batches (checkpointed)."""
+
+        model = load_causal_lm(self.model_path, self.device)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        if cfg.lora.enabled:
+            model = add_lora(model, cfg.lora)
+        if cfg.fsdp:
+            model = shard_fsdp(model)
+        self.model = model
+        self.reference: torch.nn.Module | None = None
+        if cfg.kl_coef > 0.0 and not cfg.lora.enabled:
+            self.reference = load_causal_lm(self.reference_path, self.device).eval().requires_grad_(False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, cfg.warmup_steps, cfg.total_steps, cfg.schedule, cfg.min_lr_ratio),
+        )
+        self.optimizer_steps = 0
+        self.version = WeightVersion(version=0, step=0)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+
+    @classmethod
+    def from_config(cls, cfg: DreamGymConfig) -> Learner:
+        """The learner of a run: initial weights ``learner.model`` (default ``policy.model``), seed
+        ``run.seed``, log-probs at ``policy.temperature``."""
+        from dreamgym.models import resolve_model
+
+        path = resolve_model(cfg.learner.model or cfg.policy.model)
+        return cls(cfg.learner, path, seed=cfg.run.seed, temperature=cfg.policy.temperature)
+
+    # -- forward helpers -----------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        import torch
+
+        if self.cfg.precision == "bf16-autocast":
+            return torch.autocast(device_type=self.device, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _reference_logprobs(self, mb: Any) -> torch.Tensor | None:
+        import torch
+
+        if self.cfg.kl_coef <= 0.0:
+            return None
+        with torch.no_grad(), self._autocast():
+            if is_peft(self.model):
+                with self.model.disable_adapter():
+                    return token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+            assert self.reference is not None
+            return token_logprobs(self.reference, mb.input_ids, mb.attention_mask, self.temperature)
+
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
+        """Teacher-forced ``log p(x_j | x_<j)``, ``j >= 1``, of each token sequence (no grad, eval mode)."""
+        import torch
+
+        seqs = [TokenSequence(input_ids=list(s), loss_mask=[False] * len(s), behaviour_logprobs=[0.0] * len(s))
+                for s in sequences]
+        out: list[list[float]] = [[] for _ in seqs]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for idx in micro_batches([len(s) for s in seqs], self.cfg.micro_batch_tokens):
+                mb = collate(seqs, idx, self.pad_id, self.device)
+                with torch.no_grad(), self._autocast():
+                    lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature)
+                for row, i in enumerate(idx):
+                    out[i] = lp[row, : len(seqs[i]) - 1].tolist()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    # -- the step --------------------------------------------------------------------------------------
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One GRPO learner step on ``groups``; returns metrics.
+
+        Always: ``groups``, ``degenerate_groups`` (dropped: all rewards equal), ``reward_mean`` (over every
+        trajectory), ``samples`` / ``sequences`` / ``policy_tokens`` (what was trained on). When nothing
+        carries signal the step is skipped (``skipped = 1``, version unchanged). Otherwise also ``loss``,
+        ``grad_norm`` (before clipping, mean over mini-batches), ``lr``, ``clip_frac``, ``ratio_mean``,
+        ``kl_old`` / ``kl_ref`` (per policy token), ``optimizer_steps``, ``version``, ``processed_tokens``
+        (all non-padding tokens run forward and backward), ``seconds`` and ``tokens_per_s``.
+        """
+        t0 = time.perf_counter()
+        c = self.cfg
+        batch = build_batch(groups, c.scale_by_std, c.adv_eps, c.loss_agg, c.max_response_tokens)
+        rewards = batch.rewards
+        metrics: dict[str, float] = {
+            "groups": float(len(groups)),
+            "degenerate_groups": float(batch.advantages.degenerate),
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "samples": float(batch.num_samples),
+            "sequences": float(len(batch.sequences)),
+            "policy_tokens": float(sum(s.num_policy_tokens for s in batch.sequences)),
+        }
+        if not batch.sequences or metrics["policy_tokens"] == 0:
+            metrics.update(skipped=1.0, version=float(self.version.version), seconds=time.perf_counter() - t0)
+            return metrics
+
+        old_logprobs = self._old_logprobs(batch)
+        sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl_old": 0.0, "kl_ref": 0.0}
+        grad_norms: list[float] = []
+        processed_tokens = 0
+        for part in self._mini_batches(batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            for idx in micro_batches([len(s) for s in part], c.micro_batch_tokens):
+                mb = collate(part, idx, self.pad_id, self.device)
+                ref = self._reference_logprobs(mb)
+                with self._autocast():
+                    logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+                if c.behaviour_logprobs == "engine":
+                    old = mb.behaviour_logprobs
+                elif old_logprobs is None:
+                    old = logp.detach()
+                else:
+                    old = self._gather_old(old_logprobs, part, idx, logp.shape)
+                terms = policy_loss(
+                    logp, old, mb.advantages, mb.weights, mb.mask, c.clip_low, c.clip_high, ref, c.kl_coef
+                )
+                terms.loss.backward()
+                processed_tokens += mb.num_tokens
+                sums["loss"] += float(terms.loss.detach())
+                sums["tokens"] += terms.tokens
+                sums["clipped"] += terms.clipped
+                sums["ratio"] += terms.ratio_sum
+                sums["kl_old"] += terms.kl_old_sum
+                sums["kl_ref"] += terms.kl_ref_sum
+            grad_norms.append(self._clip_and_step())
+        self.version = WeightVersion(version=self.version.version + 1, step=self.optimizer_steps)
+        seconds = time.perf_counter() - t0
+        n = max(sums["tokens"], 1.0)
+        metrics.update(
+            loss=sums["loss"] / len(grad_norms),
+            grad_norm=sum(grad_norms) / len(grad_norms),
+            lr=float(self.scheduler.get_last_lr()[0]),
+            clip_frac=sums["clipped"] / n,
+            ratio_mean=sums["ratio"] / n,
+            kl_old=sums["kl_old"] / n,
+            kl_ref=sums["kl_ref"] / n,
+            optimizer_steps=float(self.optimizer_steps),
+            version=float(self.version.version),
+            processed_tokens=float(processed_tokens),
+            seconds=seconds,
+            tokens_per_s=processed_tokens / seconds,
+        )
+        return metrics
+
+    def _mini_batches(self, batch: GrpoBatch) -> Iterator[list[TokenSequence]]:
+        """Split the batch by trajectory into ``mini_batches`` parts (shuffled), each with its own ``w_t``."""
+        import torch
+
+        m = self.cfg.mini_batches
+        if m == 1:
+            yield batch.sequences
+            return
+        samples = sorted({s.sample for s in batch.sequences})
+        perm = torch.randperm(len(samples), generator=self.generator).tolist()
+        for k in range(m):
+            chosen = {samples[i] for i in perm[k::m]}
+            part = [s for s in batch.sequences if s.sample in chosen]
+            if part:
+                assign_weights(part, self.cfg.loss_agg, self.cfg.max_response_tokens)
+                yield part
+
+    def _old_logprobs(self, batch: GrpoBatch) -> dict[int, list[float]] | None:
+        """Learner-computed ``log pi_old`` per sequence (keyed by ``id``) before the first update; None when
+        ``pi_old`` is ``pi_theta`` detached (one mini-batch) or the engine's log-probs are used."""
+        if self.cfg.behaviour_logprobs == "engine" or self.cfg.mini_batches == 1:
+            return None
+        lps = self.sequence_logprobs([s.input_ids for s in batch.sequences], self.temperature)
+        return {id(s): lp for s, lp in zip(batch.sequences, lps, strict=True)}
+
+    def _gather_old(self, old: dict[int, list[float]], part: list[TokenSequence], idx: list[int], shape: Any) -> Any:
+        import torch
+
+        out = torch.zeros(shape, dtype=torch.float32)
+        for row, i in enumerate(idx):
+            vals = old[id(part[i])]
+            out[row, : len(vals)] = torch.tensor(vals, dtype=torch.float32)
+        return out.to(self.device)
+
+    def _clip_and_step(self) -> float:
+        import torch
+
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return norm
+
+    # -- weights for the engines --------------------------------------------------------------------
+    def sync_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The current policy as checkpoint-format ``(HF name, tensor)`` pairs (LoRA merged, detached)."""
+        return sync_weights(self.model)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        from learner.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, Path(directory))
+
+    @classmethod
+    def from_checkpoint(cls, cfg: LearnerConfig, directory: str | Path, temperature: float = 1.0) -> Learner:
+        from learner.checkpoint import load_checkpoint
+
+        return load_checkpoint(cls, cfg, Path(directory), temperature)

@@ -1,0 +1,222 @@
+"""Supervised fine-tuning of the reasoning experience model on annotated real transitions.
+
+Each example is one real transition in the serving prompt: task, the episode's last ``H`` steps, the
+current state ``s_t``, the action ``a_t`` and the top-k demonstrations retrieved from the store (the
+example's own episode left out, so the model learns to *use* demonstrations rather than find itself
+among them). The target is the reply format of ``dreamgym.experience.prompts``: the reasoning ``R``
+(``<think>...</think>``), then the outcome ``s_{t+1}``, ``r``, done, success and the end-of-turn token.
+
+Loss, the paper's (prompt tokens masked, summed over tokens, normalised by the reply tokens of the
+optimizer batch)::
+
+    L = -log p(R | ctx) - log p(s_{t+1}, r, done, success | ctx, R)
+
+Both terms are logged per token (``reasoning_nll``, ``state_nll``). Training is plain torch on the
+learner's model helpers: fp32 master weights, AdamW, one example per forward (no padding), gradient
+accumulation over ``batch_size`` examples; ``method: lora`` trains peft adapters and merges them
+before saving. The output is an HF folder (weights, tokenizer, generation config) that vLLM serves.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dreamgym.config import DreamGymConfig, ExperienceModelConfig, LoraConfig
+from dreamgym.errors import DreamGymError
+from dreamgym.experience.annotate import template_rationale
+from dreamgym.experience.engine import render_chat
+from dreamgym.experience.evaluate import build_items, done_label
+from dreamgym.experience.prompts import build_messages, format_outcome, format_reasoning
+from dreamgym.experience.retrieval import TransitionIndex
+from dreamgym.experience.setup import prompt_options
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass
+class SFTExample:
+    prompt_ids: list[int]
+    reasoning_ids: list[int]
+    outcome_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.reasoning_ids) + len(self.outcome_ids)
+
+
+def build_examples(
+    data: str | Path, tokenizer: Any, cfg: ExperienceModelConfig, store: str | Path | None = None, seed: int = 0,
+) -> tuple[list[SFTExample], dict[str, int]]:
+    """Tokenised SFT examples of a transitions file (see the module docstring) and counts."""
+    from dreamgym.data.transitions import iter_batches, iter_transitions
+
+    t = cfg.train
+    rows = [r for b in iter_batches(data) for r in b.to_pylist()]
+    reasoning = {(r["episode_id"], r["step"]): (r.get("reasoning") or template_rationale(r, t.step_budget))
+                 for r in rows}
+    transitions = list(iter_transitions(data))
+    index = TransitionIndex.from_parquet(store) if store is not None else TransitionIndex(transitions)
+    opts = prompt_options(cfg)
+    items = build_items(transitions, index, opts, leave_episode_out=store is None)
+    eos = tokenizer.eos_token_id
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    examples: list[SFTExample] = []
+    counts = {"transitions": len(transitions), "duplicates": 0, "too_long": 0, "shortened": 0,
+              "template_reasoning": sum(1 for r in rows if not r.get("reasoning"))}
+    for it in items:
+        tr = it.transition
+        r_ids = (tokenizer.encode(format_reasoning(reasoning[(tr.episode_id, tr.step)]), add_special_tokens=False)
+                 if cfg.reasoning else [])
+        outcome = format_outcome(tr.next_state, tr.reward, done_label(tr, t.step_budget), tr.success and tr.done)
+        o_ids = [*tokenizer.encode(outcome, add_special_tokens=False), eos]
+        q = it.query
+        full = len(q.demonstrations[: opts.top_k])
+        for k in range(full, -1, -1):
+            q.demonstrations = q.demonstrations[:k]
+            p_ids = tokenizer.encode(render_chat(tokenizer, build_messages(q, opts)), add_special_tokens=False)
+            if len(p_ids) + len(r_ids) + len(o_ids) <= t.max_seq_len:
+                counts["shortened"] += k < full
+                break
+        else:
+            counts["too_long"] += 1
+            continue
+        key = (tuple(p_ids), tuple(r_ids + o_ids))
+        if t.dedupe and key in seen:
+            counts["duplicates"] += 1
+            continue
+        seen.add(key)
+        examples.append(SFTExample(p_ids, r_ids, o_ids))
+    if t.max_examples is not None and len(examples) > t.max_examples:
+        examples = random.Random(seed).sample(examples, t.max_examples)
+    counts["examples"] = len(examples)
+    return examples, counts
+
+
+def example_nll(model: nn.Module, ex: SFTExample, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL of the reasoning tokens and of the outcome tokens of one example (prompt masked)."""
+    import torch
+    import torch.nn.functional as F
+
+    ids = torch.tensor([ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=ids).logits[0, :-1].float()
+    nll = F.cross_entropy(logits, ids[0, 1:], reduction="none")
+    p, r = len(ex.prompt_ids), len(ex.reasoning_ids)
+    # position j predicts token j+1: reasoning tokens are p..p+r-1, outcome tokens p+r..end
+    return nll[p - 1: p - 1 + r].sum(), nll[p - 1 + r:].sum()
+
+
+def _lr(step: int, warmup: int, lr: float) -> float:
+    return lr * min(1.0, (step + 1) / warmup) if warmup else lr
+
+
+def train_experience_model(
+    cfg: DreamGymConfig, out_dir: str | Path, log: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune ``cfg.experience_model.train.base`` on ``train.data``; write an HF folder to ``out_dir``."""
+    import torch
+
+    from dreamgym.models import resolve_model
+
+    t = cfg.experience_model.train
+    if t.data is None:
+        raise DreamGymError("experience_model.train.data is not set: pass --data PATH.parquet")
+    base = resolve_model(t.base)
+    torch.manual_seed(cfg.run.seed)
+    threads = torch.get_num_threads()
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    try:
+        return _train(cfg, base, out_dir, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    cfg: DreamGymConfig, base: Path, out_dir: str | Path, log: Callable[[dict[str, Any]], None] | None
+) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from learner.model import add_lora, load_causal_lm
+
+    em, t = cfg.experience_model, cfg.experience_model.train
+    assert t.data is not None
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    t0 = time.perf_counter()
+    examples, counts = build_examples(t.data, tokenizer, em, t.store, cfg.run.seed)
+    if not examples:
+        raise DreamGymError(f"no training example fits max_seq_len={t.max_seq_len} in {t.data}")
+    prep_s = time.perf_counter() - t0
+    model = load_causal_lm(base)
+    if t.method == "lora":
+        model = add_lora(model, LoraConfig(enabled=True, r=t.lora_r, alpha=float(t.lora_alpha)))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    rng = random.Random(cfg.run.seed)
+    order = [i for _ in range(t.epochs) for i in rng.sample(range(len(examples)), len(examples))]
+    batches = [order[i: i + t.batch_size] for i in range(0, len(order), t.batch_size)]
+    if t.max_steps is not None:
+        batches = batches[: t.max_steps]
+    history: list[dict[str, Any]] = []
+    tokens = 0
+    t1 = time.perf_counter()
+    for step, batch in enumerate(batches):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, t.warmup_steps, t.lr)
+        n_r = sum(len(examples[i].reasoning_ids) for i in batch)
+        n_o = sum(len(examples[i].outcome_ids) for i in batch)
+        denom = max(n_r + n_o, 1)
+        opt.zero_grad(set_to_none=True)
+        sum_r = sum_o = 0.0
+        for i in batch:
+            lr_nll, lo_nll = example_nll(model, examples[i], bf16=t.precision == "bf16")
+            ((lr_nll + lo_nll) / denom).backward()
+            sum_r += lr_nll.item()
+            sum_o += lo_nll.item()
+            tokens += len(examples[i])
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        rec = {"step": step + 1, "loss": (sum_r + sum_o) / denom, "reasoning_nll": sum_r / max(n_r, 1),
+               "state_nll": sum_o / max(n_o, 1), "lr": opt.param_groups[0]["lr"],
+               "tokens_per_s": tokens / (time.perf_counter() - t1)}
+        history.append(rec)
+        if log and (step % t.log_every == 0 or step == len(batches) - 1):
+            log(rec)
+    train_s = time.perf_counter() - t1
+    out = save_model(model, tokenizer, base, out_dir)
+    k = max(1, min(10, len(history) // 5))
+    summary = {
+        "out": str(out), "base": str(base), "method": t.method, "data": str(t.data), **counts,
+        "steps": len(history), "epochs": t.epochs, "batch_size": t.batch_size, "precision": t.precision,
+        "loss_first": sum(h["loss"] for h in history[:k]) / k, "loss_last": sum(h["loss"] for h in history[-k:]) / k,
+        "reasoning_nll_last": history[-1]["reasoning_nll"], "state_nll_last": history[-1]["state_nll"],
+        "prepare_seconds": round(prep_s, 2), "train_seconds": round(train_s, 2),
+        "tokens_per_s": round(tokens / train_s, 1) if train_s else None,
+    }
+    (out / "dreamgym_sft.json").write_text(json.dumps({"summary": summary, "history": history}, indent=1))
+    return summary
+
+
+def save_model(model: nn.Module, tokenizer: Any, base: Path, out_dir: str | Path) -> Path:
+    """Save ``model`` (LoRA merged) and the tokenizer as an HF folder vLLM serves."""
+    from learner.model import is_peft
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if is_peft(model):
+        model = model.merge_and_unload()  # type: ignore[operator]
+    model.config.use_cache = True
+    model.save_pretrained(out)  # type: ignore[operator]
+    tokenizer.save_pretrained(out)
+    if (base / "generation_config.json").is_file():
+        shutil.copy(base / "generation_config.json", out / "generation_config.json")
+    return out

@@ -1,0 +1,211 @@
+"""The experience model on real vLLM engines (CPU): SFT, Ray replicas, the router, the HTTP path.
+
+The model is a tiny random Llama fine-tuned here, by the project's own SFT, on one transition of a toy
+world, so the tests control what it says: for ``go north`` in the hall it writes a valid winning step;
+for any other prompt (``look``) it writes malformed text; with a small token limit its valid reply is
+cut. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from experience_data import HALL, KITCHEN, TOY_ENV, controlled_rows, write_toy
+
+from dreamgym.config import ExperienceModelConfig, load_config
+from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.retrieval import TransitionIndex
+from dreamgym.experience.retry import RetryPolicy
+from dreamgym.experience.schema import Sampling
+from dreamgym.experience.setup import build_model, prompt_options
+from dreamgym.experience.synthetic_env import synthetic_env_from_index
+
+pytestmark = pytest.mark.slow
+
+PROMPT = {"top_k": 1, "history_steps": 2}
+
+
+@dataclass
+class Controlled:
+    model: Path
+    data: Path
+    summary: dict
+
+
+@pytest.fixture(scope="module")
+def controlled(tmp_path_factory: pytest.TempPathFactory) -> Controlled:
+    """SFT of a tiny random Llama on the ``go north`` transition (the loss must fall); ``data`` is the
+    whole toy world (the retrieval store)."""
+    from dreamgym.models import build_tiny_model
+    from learner.sft_experience import train_experience_model
+
+    d = tmp_path_factory.mktemp("controlled")
+    world = write_toy(d / "world.parquet", controlled_rows())
+    train = write_toy(d / "train.parquet", controlled_rows()[:1])
+    base = build_tiny_model(d / "base")
+    cfg = load_config(None, {"run": {"seed": 0}, "experience_model": {
+        **PROMPT, "train": {"data": str(train), "store": str(world), "base": str(base), "lr": 1e-2,
+                            "batch_size": 1, "epochs": 100, "log_every": 1000,
+                            "threads": 1}}})  # a 70k-parameter model: one thread is faster than two
+    summary = train_experience_model(cfg, d / "model")
+    return Controlled(d / "model", world, summary)
+
+
+def test_sft_loss_falls_and_writes_an_hf_folder(controlled: Controlled) -> None:
+    s = controlled.summary
+    assert s["examples"] == 1 and s["steps"] == 100
+    assert s["loss_last"] < 0.05 * s["loss_first"], s
+    assert s["reasoning_nll_last"] < 0.1 and s["state_nll_last"] < 0.1
+    files = {p.name for p in controlled.model.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= files
+    history = json.loads((controlled.model / "dreamgym_sft.json").read_text())["history"]
+    assert len(history) == 100 and history[-1]["loss"] < history[0]["loss"]
+
+
+def _engine_cfg(model: Path, **kw: object) -> ExperienceModelConfig:
+    return ExperienceModelConfig(model=str(model), dtype="float32", max_model_len=1024, num_cpus=0.5,
+                                 omp_threads=1, max_tokens=96, **PROMPT, **kw)  # type: ignore[arg-type]
+
+
+def test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica(ray_cluster, controlled: Controlled) -> None:
+    import ray
+
+    from actors.experience_model import RayExperienceClient, start_replicas
+
+    cfg = _engine_cfg(controlled.model, replicas=2)
+    replicas = start_replicas(cfg)  # the saved SFT folder loads in vLLM
+    client = RayExperienceClient(replicas, refresh_s=0.0, owns=True)
+    try:
+        index = TransitionIndex.from_parquet(controlled.data)
+        model = build_model(cfg, client)
+        env = synthetic_env_from_index(model, index, TOY_ENV, max_steps=3)
+        task = env.tasks(1)[0]
+
+        # A whole episode end to end: retrieval -> prompt -> vLLM -> strict parse -> StepResult.
+        obs = env.reset(task)
+        assert obs.state == HALL and obs.admissible_actions == ["go north", "look"]
+        res = env.step("go north")
+        assert res.info["valid"] and res.info["attempts"] == 1 and res.info["demonstrations"] == 1
+        assert (res.observation.state, res.reward, res.done, res.success) == (KITCHEN, 1.0, True, True)
+        assert res.info["reasoning"] == "The agent goes north."
+
+        # The model misbehaves on 'look': retried with the documented sampling change (greedy, then
+        # the escape temperature, then half of it), then an invalid transition that ends the episode
+        # and is counted.
+        env.reset(task)
+        res = env.step("look")
+        assert not res.info["valid"] and res.info["attempts"] == cfg.max_attempts and res.done and not res.success
+        assert res.info["truncated"] and res.observation.state == HALL and res.reward == 0.0
+        assert model.stats.invalid == 1 and model.stats.retries == cfg.max_attempts - 1
+        assert sum(model.stats.reasons.values()) == cfg.max_attempts
+
+        # An inadmissible action is settled by the admissible list: no model call.
+        env.reset(task)
+        calls = model.stats.model_calls
+        res = env.step("dance")
+        assert res.info["settled"] and res.reward == 0.0 and not res.done and model.stats.model_calls == calls
+
+        # A reply cut by the token limit is retried with more tokens on the real engine.
+        short = ExperienceModel(client, prompt_options(cfg), Sampling(max_tokens=16), RetryPolicy(max_attempts=4))
+        env2 = synthetic_env_from_index(short, index, TOY_ENV)
+        env2.reset(task)
+        res = env2.step("go north")
+        assert res.info["valid"] and res.info["attempts"] > 1 and short.stats.reasons["truncated"] >= 1
+
+        # Least-loaded routing spreads a batch over both replicas ...
+        router = client.router
+        sent_before = list(router.sent)
+        queries = [_query(index, "go north") for _ in range(8)]
+        assert all(p.valid and p.success for p in model.predict(queries))
+        assert all(after - before >= 2 for after, before in zip(router.sent, sent_before, strict=True))
+        # ... and routes around a replica that died.
+        ray.kill(replicas[0])
+        time.sleep(1.0)
+        assert all(p.valid for p in model.predict(queries[:4]))
+        assert router.alive == [False, True]
+    finally:
+        client.close()
+
+
+def _query(index: TransitionIndex, action: str):  # type: ignore[no-untyped-def]
+    from dreamgym.experience.schema import ExperienceQuery
+
+    return ExperienceQuery(env=TOY_ENV, instruction="Go to the kitchen.", state=HALL, action=action,
+                           demonstrations=index(HALL, action, 1), admissible_actions=index.admissible(HALL))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_http_path_against_a_real_vllm_server(controlled: Controlled, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from dreamgym.cli import main
+    from dreamgym.experience.http_client import OpenAIClient
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(controlled.model),
+         "--served-model-name", "toy-em", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+         "--max-model-len", "1024", "--enforce-eager", "--seed", "0"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                tail = (tmp_path / "server.log").read_text()[-3000:]
+                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{tail}")
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("vLLM server did not come up in 300 s")
+                time.sleep(1.0)
+
+        cfg = _engine_cfg(controlled.model)
+        client = OpenAIClient(url)
+        assert client.model == "toy-em"
+        index = TransitionIndex.from_parquet(controlled.data)
+        model = build_model(cfg, client)
+        env_ = synthetic_env_from_index(model, index, TOY_ENV)
+        env_.reset(env_.tasks(1)[0])
+        res = env_.step("go north")
+        assert res.info["valid"] and res.success and res.observation.state == KITCHEN
+        client.close()
+
+        # The eval command through the same server, beside the copy baseline.
+        out = tmp_path / "eval.json"
+        assert main(["eval-experience-model", "--data", str(controlled.data), "--store", str(controlled.data),
+                     "--backend", "http", "--url", url, "--model", "toy-em", "--out", str(out),
+                     "--experience_model.top_k", "1", "--experience_model.history_steps", "2",
+                     "--run.out_dir", str(tmp_path)]) == 0
+        assert "copy_baseline" in capsys.readouterr().out
+        r = json.loads(out.read_text())
+        assert r["model"]["n"] == 2 and r["model"]["invalid_rate"] == 0.5  # 'go north' valid, 'look' not
+        assert r["model"]["exact"] == 0.5 and r["model_stats"]["invalid"] == 1
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, started above
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

@@ -1,0 +1,451 @@
+"""The experience model's library parts, on real data and real code paths (no vLLM engine here).
+
+Backends in this file: ``FunctionClient`` (a scripted environment model in Python) and the HTTP client
+against ``ScriptedOpenAIServer`` (a real OpenAI-compatible server on loopback whose replies the test
+controls, including broken ones). The vLLM-backed tests are in ``test_experience_engine.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from experience_data import HALL, KITCHEN, TOY_ENV, collect_coin, toy_row, write_toy
+from scripted_openai_server import ScriptedOpenAIServer
+
+from dreamgym.data.transitions import iter_transitions, open_transitions
+from dreamgym.experience.annotate import TeacherAnnotator, TemplateAnnotator, annotate_file, template_rationale
+from dreamgym.experience.client import FunctionClient
+from dreamgym.experience.evaluate import evaluate, format_table, token_f1
+from dreamgym.experience.gym_env import TextGymEnv
+from dreamgym.experience.http_client import OpenAIClient
+from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.parser import MalformedReply, parse_reply
+from dreamgym.experience.prompts import PromptOptions, build_messages, format_reply
+from dreamgym.experience.retrieval import TransitionIndex
+from dreamgym.experience.retry import RetryPolicy
+from dreamgym.experience.schema import Completion, Demonstration, ExperienceQuery, HistoryStep, Message, Sampling
+from dreamgym.experience.synthetic_env import SyntheticEnv, synthetic_env_from_index
+from dreamgym.types import Task
+
+VALID = format_reply(KITCHEN, 1.0, True, True, "North of the hall is the kitchen.")
+
+
+@pytest.fixture(scope="module")
+def coin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real twx:coin data: 40 train-split episodes (the store) and 12 test-split episodes (held out)."""
+    d = tmp_path_factory.mktemp("coin")
+    return {"train": collect_coin(d / "train.parquet", "train", 40),
+            "test": collect_coin(d / "test.parquet", "test", 12)}
+
+
+def _query(**kw: Any) -> ExperienceQuery:
+    base: dict[str, Any] = {
+        "env": "twx:coin", "instruction": "Find the coin.", "state": HALL, "action": "go north",
+        "history": [HistoryStep(f"a{i}", f"s{i}") for i in range(6)],
+        "demonstrations": [Demonstration(f"ds{i}", "go north", f"dn{i}", 0.0, False, False) for i in range(5)],
+        "admissible_actions": ["go north", "look"],
+    }
+    base.update(kw)
+    return ExperienceQuery(**base)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt and parser
+
+
+def test_prompt_carries_the_papers_inputs() -> None:
+    opts = PromptOptions(history_steps=2, top_k=3)
+    system, user = (m["content"] for m in build_messages(_query(), opts))
+    assert "TextWorldExpress" in system
+    assert "Unknown action: I'm not sure what you mean." in system  # the twx failure state
+    assert "compass direction" in system  # the adapter's own state rules
+    assert "<think>" in system and "<next_state>" in system and "from 0 to 1" in system
+    assert user.startswith("Task: Find the coin.")
+    assert "[3] State: ds2" in user and "[4]" not in user  # top-k demonstrations
+    assert "Action: a5 -> State: s5" in user and "a3" not in user  # last H steps only
+    assert "Valid actions: go north, look" in user and user.endswith("Action: go north")
+    no_reasoning = build_messages(_query(), PromptOptions(reasoning=False))[0]["content"]
+    assert "<think>" not in no_reasoning
+    # The system prompt is the same for every request of a family (the prefix cache serves it).
+    assert build_messages(_query(state="other", action="look"), opts)[0]["content"] == system
+
+
+def test_reply_format_round_trips() -> None:
+    p = parse_reply(VALID)
+    assert (p.next_state, p.reward, p.done, p.success) == (KITCHEN, 1.0, True, True)
+    assert p.reasoning == "North of the hall is the kitchen."
+    # Generation stops on "</success>" (the stop string is not returned): still valid.
+    assert parse_reply(VALID.removesuffix("</success>")).success is True
+    bare = format_reply("s", 0.25, False, False, with_reasoning=False)
+    assert parse_reply(bare, reasoning=False).reward == 0.25
+    assert parse_reply(format_reply("s", -1, False, False, "r"), reward_range=(-1, 1)).reward == -1
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("", "empty"),
+    ("Sure! " + VALID, "prefix-text"),
+    (VALID.replace("<think>North of the hall is the kitchen.</think>", "<think> </think>"), "empty:<think>"),
+    (VALID.replace("<reward>1</reward>\n", ""), "missing:<reward>"),
+    (VALID.replace("<reward>1</reward>", "<reward>lots</reward>"), "reward:not-a-number"),
+    (VALID.replace("<reward>1</reward>", "<reward>7</reward>"), "reward:out-of-range"),
+    (VALID.replace("<reward>1</reward>", "<reward>nan</reward>"), "reward:not-a-number"),
+    (VALID.replace("<done>true</done>", "<done>yes</done>"), "done:not-a-bool"),
+    (VALID.replace("<done>true</done>", "<done>false</done>"), "success-without-done"),
+    (VALID.replace("<next_state>You are in the kitchen.</next_state>", "<next_state>\n</next_state>"),
+     "empty:<next_state>"),
+    (VALID + "\nand then more", "trailing-text"),
+    (VALID + "<reward>0</reward>", "duplicate:<reward>"),
+    (VALID.replace("<next_state>You are in the kitchen.</next_state>\n<reward>1</reward>",
+                   "<reward>1</reward>\n<next_state>You are in the kitchen.</next_state>"), "order:<next_state>"),
+    ("<think>hm</think>\n<next_state>half a state", "unclosed:<next_state>"),
+])
+def test_parser_is_strict(text: str, reason: str) -> None:
+    with pytest.raises(MalformedReply) as e:
+        parse_reply(text)
+    assert e.value.reason == reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Retry policy and invalid-transition accounting
+
+
+def test_retry_changes_sampling_as_documented() -> None:
+    r = RetryPolicy(max_attempts=4, temperature_decay=0.5, escape_temperature=0.8, max_tokens_cap=100)
+    greedy = Sampling(temperature=0.0, max_tokens=40)
+    junk = Completion("junk")
+    # greedy would repeat itself -> escape temperature, then decay, then greedy again below 0.05
+    assert [s.temperature for s in r.schedule(greedy, [junk] * 3)] == [0.0, 0.8, 0.4, 0.2]
+    assert r.next_sampling(Sampling(temperature=0.06), junk).temperature == 0.0
+    # cut by the token limit -> more tokens (capped), same temperature
+    cut = Completion("<think>long", finish_reason="length")
+    assert [s.max_tokens for s in r.schedule(greedy, [cut] * 3)] == [40, 80, 100, 100]
+    assert r.schedule(greedy, [cut] * 3)[-1].temperature == 0.8  # the cap reached: rule 3 applies
+    assert r.should_retry(1, junk) and not r.should_retry(4, junk)
+    assert not r.should_retry(1, Completion("", finish_reason="error:http-400"))
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
+
+
+def _scripted(replies: list[str]) -> tuple[FunctionClient, list[Sampling]]:
+    seen: list[Sampling] = []
+
+    def fn(messages: list[Message], s: Sampling) -> str:
+        seen.append(s)
+        return replies[min(len(seen) - 1, len(replies) - 1)]
+
+    return FunctionClient(fn), seen
+
+
+def test_model_retries_malformed_replies_then_marks_invalid() -> None:
+    client, seen = _scripted(["garbage", "<think>x</think>", VALID])
+    model = ExperienceModel(client, retry=RetryPolicy(max_attempts=3))
+    p = model.predict_one(_query(admissible_actions=None))
+    assert p.valid and p.attempts == 3 and p.success
+    assert [s.temperature for s in seen] == [0.0, 0.7, 0.35]
+    assert all(s.stop == ("</success>",) for s in seen)
+    st = model.stats
+    assert (st.queries, st.model_calls, st.retries, st.valid, st.invalid, st.recovered) == (1, 3, 2, 1, 0, 1)
+    assert st.reasons == {"missing:<think>": 1, "missing:<next_state>": 1}
+
+    client, _ = _scripted(["<think>x</think><next_state>s</next_state><reward>2</reward>"])
+    model = ExperienceModel(client, retry=RetryPolicy(max_attempts=2))
+    preds = model.predict([_query(admissible_actions=None), _query(admissible_actions=None, action="look")])
+    assert [p.valid for p in preds] == [False, False]
+    assert preds[0].invalid_reason == "missing:<done>" and preds[0].next_state == "" and preds[0].attempts == 2
+    assert model.stats.invalid == 2 and model.stats.invalid_rate == 1.0 and model.stats.model_calls == 4
+
+
+def test_inadmissible_action_is_settled_by_the_admissible_list() -> None:
+    client, seen = _scripted([VALID])
+    model = ExperienceModel(client)
+    p = model.predict_one(_query(action="dance"))
+    assert p.settled and p.valid and p.reward == 0.0 and not p.done
+    assert p.next_state == "Unknown action: I'm not sure what you mean."
+    assert seen == [] and model.stats.settled == 1
+    # Without a list, or with inadmissible='model', the model decides.
+    assert model.predict_one(_query(action="dance", admissible_actions=None)).success
+    assert ExperienceModel(client, inadmissible="model").predict_one(_query(action="dance")).success
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval, SyntheticEnv, gymnasium
+
+
+def test_transition_index_retrieves_similar_transitions(coin: dict[str, Path]) -> None:
+    index = TransitionIndex.from_parquet(coin["train"])
+    t = next(iter_transitions(coin["train"]))
+    demos = index(t.state, t.action, 3)
+    assert len(demos) == 3 and demos[0].state == t.state and demos[0].action == t.action
+    assert demos[0].score >= demos[1].score >= demos[2].score
+    assert len({(d.state, d.action, d.next_state) for d in demos}) == 3  # distinct
+    # leave-one-episode-out never returns a transition seen only in that episode
+    only_here = [e for e in index.entries if len(e.episodes) == 1]
+    if only_here:
+        e = only_here[0]
+        eid = next(iter(e.episodes))
+        got = index.search(e.t.state, e.t.action, 5, exclude_episode=eid)
+        assert all((g.state, g.action, g.next_state) != (e.t.state, e.t.action, e.t.next_state) for g in got)
+    task = index.tasks(1)[0]
+    assert task.env == "twx:coin" and index.initial_state(task) == task.params["initial_state"]
+    assert index.admissible(t.state) == t.admissible_actions
+
+
+def _copy_top1(messages: list[Message], s: Sampling) -> str:
+    """A scripted environment model: answer with the first demonstration of the prompt."""
+    user = messages[-1]["content"]
+    m = re.search(r"\[1\] State: .*?\nAction: .*?\nNext state: (.*?)\nReward: (\S+) Done: (\S+) Success: (\S+)",
+                  user, re.S)
+    assert m, "the prompt has no demonstration"
+    state, r, d, s_ = m.groups()
+    return format_reply(state, float(r), d == "true", s_ == "true", "copy the closest real transition")
+
+
+def test_synthetic_env_runs_an_episode_with_retrieval(coin: dict[str, Path]) -> None:
+    index = TransitionIndex.from_parquet(coin["train"])
+    client = FunctionClient(_copy_top1)
+    model = ExperienceModel(client, PromptOptions(top_k=2, history_steps=2))
+    env = synthetic_env_from_index(model, index, "twx:coin", max_steps=6)
+    assert env.spec == "synthetic:twx:coin" and "compass" in env.state_rules
+    task = env.tasks(1)[0]
+    obs = env.reset(task)
+    assert obs.state == task.params["initial_state"] and obs.admissible_actions
+    steps = 0
+    res = None
+    while True:
+        valid = obs.admissible_actions or []
+        action = "take coin" if "take coin" in valid else sorted(valid)[-1]
+        res = env.step(action)
+        steps += 1
+        assert res.info["source"] == "synthetic" and res.info["valid"] and res.info["demonstrations"] == 2
+        obs = res.observation
+        if res.done:
+            break
+    assert steps <= 6
+    if res.success:
+        assert res.reward == 1.0 and not res.info["truncated"]
+    else:
+        assert res.info["truncated"] and steps == 6
+    if steps > 1:
+        assert client.calls >= 2  # the second prompt carried the history
+    with pytest.raises(RuntimeError):
+        env.step("look around")
+
+
+def test_synthetic_env_ends_an_episode_on_an_invalid_transition() -> None:
+    model = ExperienceModel(FunctionClient(lambda m, s: "not the format"), retry=RetryPolicy(max_attempts=2))
+    env = SyntheticEnv(model, retrieve=lambda s, a, k: [], env=TOY_ENV)
+    env.reset(Task("toy/0", TOY_ENV, "Go to the kitchen.", {"initial_state": HALL}))
+    res = env.step("go north")
+    assert res.done and not res.success and res.reward == 0.0
+    assert res.info["valid"] is False and res.info["truncated"] and res.info["attempts"] == 2
+    assert res.observation.state == HALL
+    assert model.stats.invalid == 1
+    with pytest.raises(Exception, match="initial state"):
+        env.reset(Task("toy/1", TOY_ENV, "x"))
+    with pytest.raises(Exception, match="imitates"):
+        env.reset(Task("t", "twx:coin", "x", {"initial_state": "s"}))
+
+
+def test_gymnasium_wrapper_steps_the_synthetic_env(tmp_path: Path) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    rows = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "r")]
+    index = TransitionIndex.from_parquet(write_toy(tmp_path / "toy.parquet", rows))
+    model = ExperienceModel(FunctionClient(_copy_top1), PromptOptions(top_k=1))
+    genv = TextGymEnv(synthetic_env_from_index(model, index, TOY_ENV, max_steps=3))
+    obs, info = genv.reset(seed=0)
+    assert obs == HALL and genv.observation_space.contains(obs) and info["instruction"] == "Go to the kitchen."
+    obs, reward, terminated, truncated, info = genv.step("go north")
+    assert (obs, reward, terminated, truncated) == (KITCHEN, 1.0, True, False) and info["success"]
+    check_env(genv, skip_render_check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP client against a server that returns broken text
+
+
+def test_http_client_retries_broken_replies_and_counts_invalid() -> None:
+    replies = iter(["I am a language model.", "<think>hm</think><next_state>kitchen", VALID])
+    with ScriptedOpenAIServer(lambda body: next(replies)) as server:
+        client = OpenAIClient(server.url)
+        assert client.model == "scripted"
+        model = ExperienceModel(client, sampling=Sampling(temperature=0.4, max_tokens=64))
+        p = model.predict_one(_query(admissible_actions=None))
+        client.close()
+    assert p.valid and p.attempts == 3 and p.reward == 1.0
+    sent = [(r["temperature"], r["max_tokens"], r["stop"]) for r in server.requests]
+    assert sent == [(0.4, 64, ["</success>"]), (0.2, 64, ["</success>"]), (0.1, 64, ["</success>"])]
+    assert server.requests[0]["messages"][0]["role"] == "system"
+    assert model.stats.reasons == {"missing:<think>": 1, "unclosed:<next_state>": 1}
+
+
+def test_http_client_invalid_after_last_attempt_and_refusals_not_retried() -> None:
+    def reply(body: dict[str, Any]) -> Any:
+        user = body["messages"][-1]["content"]
+        if "Action: too long" in user:
+            return ("", "http-400")
+        if "Action: cut" in user:
+            return ("<think>a very long thought", "length")
+        return "<think>x</think><next_state>y</next_state><reward>0.5</reward><done>maybe</done><success>false"
+
+    with ScriptedOpenAIServer(reply) as server:
+        client = OpenAIClient(server.url, concurrency=4)
+        model = ExperienceModel(client, sampling=Sampling(max_tokens=32),
+                                retry=RetryPolicy(max_attempts=3, max_tokens_cap=100))
+        preds = model.predict([_query(admissible_actions=None), _query(action="too long", admissible_actions=None),
+                               _query(action="cut", admissible_actions=None)])
+        client.close()
+    assert [p.valid for p in preds] == [False, False, False]
+    assert preds[0].invalid_reason == "done:not-a-bool" and preds[0].attempts == 3
+    assert preds[1].invalid_reason == "error:http-400" and preds[1].attempts == 1
+    assert preds[2].invalid_reason == "truncated"
+    cut = [r["max_tokens"] for r in server.requests if r["messages"][-1]["content"].endswith("Action: cut")]
+    assert cut == [32, 64, 100]
+    assert model.stats.invalid == 3 and model.stats.model_calls == 7
+
+
+def test_http_client_reports_an_unreachable_server() -> None:
+    from dreamgym.experience.http_client import ExperienceBackendError
+
+    with pytest.raises(ExperienceBackendError, match="no OpenAI-compatible server"):
+        OpenAIClient("http://127.0.0.1:9/v1", max_retries=0, timeout_s=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Annotation
+
+
+def test_template_annotation_writes_the_optional_columns(coin: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "annotated.parquet"
+    s = annotate_file(coin["train"], out, TemplateAnnotator(step_budget=20), batch_size=50)
+    assert s["rows"] == s["template"] == pq.ParquetFile(coin["train"]).metadata.num_rows
+    pf = open_transitions(out)  # checked against the transitions schema
+    assert {"reasoning", "reasoning_source"} <= set(pf.schema_arrow.names)
+    rows = pf.read().to_pylist()
+    assert all(r["reasoning_source"] == "template" and r["reasoning"] for r in rows)
+    win = next(r for r in rows if r["success"])
+    assert "reward is 1" in win["reasoning"] and "success" in win["reasoning"]
+    move = next(r for r in rows if r["action"].startswith("move") and r["state"] != r["next_state"]
+                and r["state"].startswith("You are in"))
+    assert "takes the agent from the" in move["reasoning"]
+    bad = toy_row("e", 0, HALL, "fly", HALL, 0.0, False, False)
+    assert "not one of the valid actions" in template_rationale(bad)
+
+
+def test_teacher_annotation_over_http_with_template_fallback(tmp_path: Path) -> None:
+    rows = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True),
+            toy_row("e0", 1, KITCHEN, "look", KITCHEN, 0.0, False, False)]
+    src = write_toy(tmp_path / "toy.parquet", rows)
+
+    def reply(body: dict[str, Any]) -> str:
+        user = body["messages"][-1]["content"]
+        assert "TRUE outcome" in user
+        return "" if "Action: look" in user else "<think>The kitchen lies north, so going north reaches it.</think>"
+
+    with ScriptedOpenAIServer(reply) as server:
+        annotator = TeacherAnnotator(OpenAIClient(server.url))
+        s = annotate_file(src, tmp_path / "out.parquet", annotator)
+    assert (s["teacher"], s["template"]) == (1, 1) and annotator.fallbacks == 1
+    out = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert out[0]["reasoning"] == "The kitchen lies north, so going north reaches it."
+    assert out[0]["reasoning_source"] == "teacher" and out[1]["reasoning_source"] == "template"
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation and the copy baseline
+
+
+def test_copy_baseline_and_a_copying_model_agree(coin: dict[str, Path]) -> None:
+    opts = PromptOptions(top_k=2, history_steps=2)
+    model = ExperienceModel(FunctionClient(_copy_top1), opts)
+    r = evaluate(coin["test"], coin["train"], opts, model.predict, limit=60, batch_size=16)
+    base, m = r["copy_baseline"], r["model"]
+    assert r["data"]["evaluated"] == 60 and r["data"]["unseen"] <= 60
+    assert base["reward_acc"] >= 0.95 and base["done_acc"] >= 0.95 and base["token_f1"] > 0.7
+    for key in ("reward_acc", "done_acc", "success_acc", "exact", "token_f1"):
+        assert m[key] == base[key], key
+    assert m["invalid_rate"] == 0.0 and m["transitions_per_s"] > 0
+    table = format_table(r)
+    assert "copy_baseline" in table and "model" in table and "unseen (s,a)" in table
+    assert len(table.splitlines()) <= 20
+    assert token_f1("a b c", "a b d") == pytest.approx(2 / 3)
+
+
+def test_cli_annotate_and_eval_baseline(
+    coin: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dreamgym.cli import main
+
+    out = tmp_path / "ann.parquet"
+    assert main(["annotate", "--data", str(coin["train"]), "--out", str(out), "--run.out_dir", str(tmp_path)]) == 0
+    assert "by template" in capsys.readouterr().out
+    assert main(["eval-experience-model", "--data", str(coin["test"]), "--store", str(out), "--model", "none",
+                 "--limit", "40", "--out", str(tmp_path / "e.json"), "--run.out_dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "copy_baseline" in text and "next-state exact" in text and (tmp_path / "e.json").is_file()
+    assert main(["eval-experience-model", "--run.out_dir", str(tmp_path)]) == 2
+    assert "needs held-out transitions" in capsys.readouterr().err
+
+
+def test_config_section_is_documented_and_validated() -> None:
+    from dreamgym.config import explain, load_config
+    from dreamgym.errors import ConfigError
+
+    rows = [r for r in explain() if r[0].startswith("experience_model.")]
+    assert len(rows) > 50 and all(desc for _, _, desc in rows)
+    cfg = load_config(None, ["--experience_model.replicas", "2", "--experience_model.train.method", "lora"])
+    assert cfg.experience_model.replicas == 2 and cfg.experience_model.train.method == "lora"
+    for bad in (["--experience_model.reward_max", "-1"], ["--experience_model.backend", "grpc"],
+                ["--experience_model.url", "localhost:8000"], ["--experience_model.max_attempts", "0"]):
+        with pytest.raises(ConfigError):
+            load_config(None, bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT (tiny random model, no engine): masking and the LoRA path
+
+
+def test_sft_masks_the_prompt_and_lora_saves_a_merged_folder(tmp_path: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dreamgym.config import load_config
+    from dreamgym.models import build_tiny_model
+    from learner.sft_experience import build_examples, example_nll, train_experience_model
+
+    rows = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "The agent goes north."),
+            toy_row("e0", 1, KITCHEN, "look", KITCHEN, 0.0, False, False, None)]
+    data = write_toy(tmp_path / "toy.parquet", rows)
+    base = build_tiny_model(tmp_path / "base")
+    cfg = load_config(None, {"experience_model": {"top_k": 1, "history_steps": 1, "train": {
+        "data": str(data), "store": str(data), "base": str(base), "method": "lora", "lr": 5e-2, "lora_r": 8,
+        "batch_size": 2, "epochs": 12, "threads": 1}}})
+    tok = AutoTokenizer.from_pretrained(base)
+    examples, counts = build_examples(data, tok, cfg.experience_model, store=data)
+    assert counts["examples"] == 2 and counts["template_reasoning"] == 1
+    ex = examples[1]
+    assert tok.decode(ex.prompt_ids).endswith("<|im_start|>assistant\n")
+    assert "Recent history" in tok.decode(ex.prompt_ids)  # step 1 carries step 0 as history
+    assert tok.decode(ex.reasoning_ids).startswith("<think>")
+    assert ex.outcome_ids[-1] == tok.eos_token_id and "<next_state>" in tok.decode(ex.outcome_ids)
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        nll_r, nll_o = example_nll(model, ex)
+        ids = torch.tensor(ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids)
+        full = F.cross_entropy(model(input_ids=ids[None]).logits[0, :-1], ids[1:], reduction="none")
+    completion = full[len(ex.prompt_ids) - 1:]
+    assert float(nll_r + nll_o) == pytest.approx(float(completion.sum()), rel=1e-5)  # prompt tokens masked
+    assert float(nll_r) == pytest.approx(float(completion[: len(ex.reasoning_ids)].sum()), rel=1e-5)
+
+    s = train_experience_model(cfg, tmp_path / "lora")
+    assert s["method"] == "lora" and s["loss_last"] < s["loss_first"]
+    saved = {p.name for p in (tmp_path / "lora").iterdir()}
+    assert "model.safetensors" in saved and not any("adapter" in n for n in saved)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora")
+    assert set(merged.state_dict()) == set(model.state_dict())

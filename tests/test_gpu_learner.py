@@ -1,0 +1,68 @@
+"""GPU paths (marked gpu; skipped without CUDA): bf16 autocast learner steps and NCCL weight sync."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from grpo_helpers import random_groups
+
+from dreamgym.config import LearnerConfig, PolicyConfig
+from dreamgym.models import build_tiny_model
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+def test_bf16_autocast_step_on_cuda(tiny: Path) -> None:
+    import torch
+
+    from learner.learner import Learner
+
+    learner = Learner(LearnerConfig(lr=1e-3, device="cuda", precision="bf16-autocast"), tiny, seed=0)
+    assert next(learner.model.parameters()).device.type == "cuda"
+    assert next(learner.model.parameters()).dtype == torch.float32  # fp32 master weights
+    m = learner.step(random_groups(0))
+    assert m["version"] == 1 and m["grad_norm"] > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_nccl_weight_sync_matches_learner(ray_cluster: object, tiny: Path) -> None:
+    import ray
+    import torch
+
+    from actors.policy_engine import create_policy_engines
+    from actors.weight_sync import NcclWeightSync
+    from learner.learner import Learner
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NCCL sync needs one GPU for the learner and one for the engine")
+    cfg = PolicyConfig(model=str(tiny), device="cuda", dtype="float32", max_model_len=256, max_tokens=4,
+                       gpu_memory_utilization=0.3)
+    (engine,) = create_policy_engines(cfg, weight_transfer_backend="nccl")
+    try:
+        engine_gpu = ray.get(engine.info.remote())["gpu_ids"]
+        learner_gpu = next(i for i in range(torch.cuda.device_count()) if str(i) not in engine_gpu)
+        torch.cuda.set_device(learner_gpu)
+        learner = Learner(LearnerConfig(lr=1e-2, device="cuda", weight_sync="nccl"), tiny, seed=0)
+        learner.step(random_groups(1))
+        sync = NcclWeightSync([engine], "127.0.0.1", _free_port(), timeout_s=120, dtype="float32")
+        sync.push(learner.sync_weights(), version=learner.version.version)
+        assert ray.get(engine.weight_version.remote()) == 1
+        seq = [1, 20, 30, 40, 50, 60]
+        engine_lp = ray.get(engine.score.remote([seq]))[0]
+        learner_lp = learner.sequence_logprobs([seq])[0]
+        assert max(abs(a - b) for a, b in zip(engine_lp, learner_lp, strict=True)) < 1e-2  # TF32 matmuls
+        sync.close()
+    finally:
+        ray.kill(engine)
