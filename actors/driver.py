@@ -31,7 +31,16 @@ from typing import Any
 import ray
 
 from actors.cluster import connect
-from actors.train_setup import Actors, offline_data, seed_replay, start_actors, uses_synthetic, warm_start
+from actors.train_setup import (
+    Actors,
+    check_resources,
+    gold_for_warm_start,
+    offline_data,
+    seed_replay,
+    start_actors,
+    uses_synthetic,
+    warm_start,
+)
 from dreamgym.config import DreamGymConfig, load_config, save_config
 from dreamgym.errors import ConfigError
 from dreamgym.progress import MetricSinks, Progress
@@ -89,9 +98,9 @@ class Run:
         self.progress.line("", phase, text)
 
     def record(self, event: str, step: int, **data: Any) -> None:
-        self.metrics.write(event=event, iteration=step, **data)
+        self.metrics.write(**{"event": event, "iteration": step, **data})
         if self.sinks is not None:
-            self.sinks.log(step, data, prefix=f"{event}/")
+            self.sinks.log(step, {k: v for k, v in data.items() if k != "iteration"}, prefix=f"{event}/")
 
     def rollouts(self, tasks: Sequence[Task], phase: str, temperature: float | None = None,
                  seed: int = 0) -> list[ray.ObjectRef]:
@@ -230,12 +239,16 @@ class Run:
                  f"{'resuming at iteration ' + str(st.iteration) if self.resumed_from else 'fresh start'}")
         self.sinks = MetricSinks(self.run_dir, cfg.train.tensorboard, cfg.model_dump(mode="json"),
                                  resume=self.resumed_from is not None)
+        check_resources(cfg)  # before any work: a run that cannot place its actors fails now
         t0 = time.perf_counter()
         offline = offline_data(cfg, self.run_dir, self.say)
         if not st.offline_transitions:
             from dreamgym.data.transitions import open_transitions
 
             st.offline_transitions = int(open_transitions(offline).metadata.num_rows)
+        gold = None
+        if cfg.train.warm_start == "sft" and not st.warm_started:
+            gold = gold_for_warm_start(cfg, offline, self.run_dir)
         curriculum_state = None
         if self.resumed_from is not None:
             _, curriculum_state = load_driver_state(self.resumed_from)
@@ -251,9 +264,9 @@ class Run:
             self.eval_tasks = ray.get(self.a.workers[0].tasks.remote(t.eval_tasks, t.eval_first_seed, t.eval_split))
             st.eval_tasks = [x.to_dict() for x in self.eval_tasks]
         st.add_phase("setup", time.perf_counter() - t0)
-        if cfg.train.warm_start == "sft" and not st.warm_started:
+        if gold is not None:
             t0 = time.perf_counter()
-            warm_start(cfg, self.a, offline, self.run_dir, lambda m: self.say(m, "warm-start"),
+            warm_start(cfg, self.a, gold, lambda m: self.say(m, "warm-start"),
                        lambda m: self.record("warm_start", 0, **m))
             st.warm_started = True
             st.add_phase("warm_start", time.perf_counter() - t0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,8 +135,8 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
 
     check_resources(cfg)
     a = Actors()
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="start")
     try:
-        a.replay = open_replay(cfg, run_dir)
         learner_opts: dict[str, Any] | None = None
         if cfg.train.colocate:
             from ray.util.placement_group import placement_group
@@ -149,8 +150,12 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
             ray.get(a.placement_group.ready(), timeout=600)
             learner_opts = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
                 a.placement_group, placement_group_bundle_index=0)}
-        a.engines = create_policy_engines(cfg.policy, name_prefix=None)
-        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.dtype})")
+        # The engines, replicas, learner and replay shards load their models at the same time.
+        ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
+        f_replay = pool.submit(open_replay, cfg, run_dir)
+        f_engines = pool.submit(create_policy_engines, cfg.policy)
+        f_learner = pool.submit(create_learner, cfg, ckpt, learner_opts)
+        f_replicas = None
         if uses_synthetic(cfg):
             from actors.experience_model import start_replicas
 
@@ -158,31 +163,45 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
                 raise ConfigError("dreamgym train reaches the experience model through Ray replicas or HTTP: set "
                                   "experience_model.backend to 'ray' or 'http'")
             if cfg.experience_model.backend == "ray":
-                a.replicas = start_replicas(cfg.experience_model)
-                log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")
-        ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
-        a.learner = create_learner(cfg, ckpt, learner_opts)
+                f_replicas = pool.submit(start_replicas, cfg.experience_model)
+        a.replay = f_replay.result()
+        a.engines = f_engines.result()
+        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.dtype})")
+        if f_replicas is not None:
+            a.replicas = f_replicas.result()
+            log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")
+        a.learner = f_learner.result()
         factory = None
         if uses_synthetic(cfg) and cfg.curriculum.llm_variants > 0:
             factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
         a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
                                                num_cpus=0.25)
         a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, str(offline))
-    except Exception:
+    except BaseException:
+        # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.
         a.shutdown()
         raise
+    finally:
+        pool.shutdown(wait=False)
     return a
 
 
 # -- warm start ---------------------------------------------------------------------------------------
-def warm_start(cfg: DreamGymConfig, actors: Actors, offline: Path, run_dir: Path,
-               log: Callable[[str], None], record: Callable[[dict[str, Any]], None]) -> int:
-    """Behaviour cloning on gold episodes in the learner actor; returns the new weight version."""
-    from learner.bc import gold_source, run_bc
+def gold_for_warm_start(cfg: DreamGymConfig, offline: Path, run_dir: Path) -> list[list[Any]]:
+    """Gold episodes for the warm start (from the offline data, else collected): before any actor starts,
+    so a collection never waits for CPUs the run's actors hold."""
+    from learner.bc import gold_source
 
     sub = cfg.model_copy(deep=True)
     sub.train.offline_data = offline
-    episodes = gold_source(sub, run_dir)
+    return gold_source(sub, run_dir)
+
+
+def warm_start(cfg: DreamGymConfig, actors: Actors, episodes: list[list[Any]], log: Callable[[str], None],
+               record: Callable[[dict[str, Any]], None]) -> int:
+    """Behaviour cloning on gold episodes in the learner actor; returns the new weight version."""
+    from learner.bc import run_bc
+
     trajs = ray.get(actors.learner.tokenise_gold.remote(episodes))
     t = cfg.train
 

@@ -227,8 +227,6 @@ def bench_size(n: int, ts: list[Transition], vecs: np.ndarray, held: list[Transi
                         "query_k8": timed_queries(lambda q: hbuf.search(q, k=K), qv)}
     hbuf.close()
     shutil.rmtree(root, ignore_errors=True)
-
-    out["ray"] = bench_ray(n, ts, vecs, held, qv, tmp, shards)
     return out
 
 
@@ -270,6 +268,22 @@ def e2e_add_rate(ts: list[Transition], tmp: Path, count: int) -> dict[str, Any]:
     return out
 
 
+def start_ray(attempts: int = 3) -> None:
+    """A fresh local Ray (2 CPUs); retried because a loaded machine can time out the raylet start."""
+    import ray
+
+    for i in range(attempts):
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+            return
+        except Exception as e:
+            log(f"ray.init failed ({e}); retrying")
+            ray.shutdown()
+            time.sleep(10 * (i + 1))
+    raise RuntimeError("could not start a local Ray")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", nargs="+", required=True, help="transitions Parquet file(s) (train split)")
@@ -302,9 +316,6 @@ def main() -> None:
         log("vector cache complete")
         return
 
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     result: dict[str, Any] = {
         "data": args.data, "heldout": args.heldout, "env": "twx:coin", "k": K, "shards": args.shards,
         "dim": int(vecs.shape[1]), "encoder": encoder.name, "encoder_dtype": encoder.dtype,
@@ -317,7 +328,13 @@ def main() -> None:
                                           smallest=i == 0)
         log("end-to-end add with embedding")
         result["e2e_add_with_embedding"] = e2e_add_rate(extra, tmp, args.e2e)
+        start_ray()
+        qv = [hvecs[i:i + 1] for i in range(min(args.queries, len(hvecs)))]
+        for n in sorted(args.sizes):
+            result[f"n_{n}"]["ray"] = bench_ray(n, ts[:n], vecs[:n], held, qv, tmp, args.shards)
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    import ray
+
     ray.shutdown()
     text = json.dumps(result, indent=2)
     print(text)

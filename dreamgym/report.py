@@ -176,7 +176,8 @@ def write_report(run_dir: str | Path) -> Path:
                          f"{_pct(s['success_rate'])} | {_pct(s['unparsable_rate'])} | "
                          f"{_pct(s['invalid_action_rate'])} | "
                          f"{_pct(s['invalid_transition_rate'])} | {int(r['groups']['groups'])} "
-                         f"({int(r['groups']['mixed_groups'])}) | {lm.get('loss', float('nan')):.4f} | "
+                         f"({int(r['groups']['mixed_groups'])}) | "
+                         f"{'skipped' if lm.get('skipped') else format(lm.get('loss', 0.0), '.4f')} | "
                          f"v{int(lm.get('version', 0))} |")
         lines.append("")
     if summary.get("phase_seconds"):

@@ -37,7 +37,7 @@ def gold_episodes(transitions: Iterable[Transition], limit: int | None = None) -
     """Successful episodes whose every step came from the gold policy, in first-seen order."""
     episodes: dict[str, list[Transition]] = defaultdict(list)
     for t in transitions:
-        if t.policy == "gold" and t.source == "real":
+        if t.policy in ("gold", "mixed:gold") and t.source == "real":
             episodes[t.episode_id].append(t)
     out = []
     for steps in episodes.values():

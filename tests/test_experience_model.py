@@ -449,3 +449,26 @@ def test_sft_masks_the_prompt_and_lora_saves_a_merged_folder(tmp_path: Path) -> 
     assert "model.safetensors" in saved and not any("adapter" in n for n in saved)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora")
     assert set(merged.state_dict()) == set(model.state_dict())
+
+
+def test_step_batch_steps_many_synthetic_envs_with_one_model_call(tmp_path: Path) -> None:
+    from dreamgym.experience.synthetic_env import step_batch
+
+    rows = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "r"),
+            toy_row("e1", 0, HALL, "look", HALL, 0.0, False, False, "r")]
+    index = TransitionIndex.from_parquet(write_toy(tmp_path / "toy.parquet", rows))
+    batches: list[int] = []
+
+    class Counting(FunctionClient):
+        def complete(self, requests):  # type: ignore[no-untyped-def]
+            batches.append(len(requests))
+            return super().complete(requests)
+
+    model = ExperienceModel(Counting(_copy_top1), PromptOptions(top_k=1))
+    envs = [synthetic_env_from_index(model, index, TOY_ENV) for _ in range(3)]
+    for e in envs:
+        e.reset(e.tasks(1)[0])
+    results = step_batch(envs, ["go north", "look", "dance"])  # 'dance' is settled: no model call
+    assert batches == [2]
+    assert [r.success for r in results] == [True, False, False] and results[2].info["settled"]
+    assert results[1].observation.state == HALL and not results[1].done

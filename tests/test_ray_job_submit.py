@@ -101,3 +101,34 @@ def test_collect_job_succeeds(ray_head, tmp_path) -> None:
     assert summarise(out)["episodes"] == 16
     # The job joined the cluster it was submitted to instead of starting a Ray of its own.
     assert "existing Ray session" in logs or "Ray cluster at" in logs, logs[-2000:]
+
+
+@pytest.mark.slow
+def test_train_job_succeeds(ray_head, tmp_path) -> None:
+    import yaml
+    from test_train import tiny_config
+
+    address, env = ray_head
+    cfg = tiny_config(tmp_path / "runs", train={"mode": "real", "iterations": 1, "warm_start": "none",
+                                                "eval_at_start": False})
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+    runtime_env = {"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}}
+    submitted = _ray("job", "submit", "--no-wait", "--address", address, "--runtime-env-json", json.dumps(runtime_env),
+                     "--", str(VENV_BIN / "dreamgym"), "train", str(tmp_path / "train.yaml"), env=env)
+    match = re.search(r"(raysubmit_\w+)", submitted)
+    assert match, submitted
+    job_id = match.group(1)
+    deadline = time.time() + 900
+    status = ""
+    while time.time() < deadline:
+        status = _ray("job", "status", "--address", address, job_id, env=env)
+        if re.search(r"\b(SUCCEEDED|FAILED|STOPPED)\b", status):
+            break
+        time.sleep(3)
+    logs = _ray("job", "logs", "--address", address, job_id, env=env)
+    assert "SUCCEEDED" in status, status[-1000:] + logs[-3000:]
+    assert "existing Ray session" in logs or "Ray cluster at" in logs, logs[-2000:]
+    (run_dir,) = (tmp_path / "runs").glob("t-train-*")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == 1 and summary["real_transitions"] > 0
+    assert (run_dir / "report.md").is_file()

@@ -16,8 +16,19 @@ Modules (no Ray in here; the Ray replicas and their router live in ``actors/expe
 - ``model``: ``ExperienceModel``, prompt -> client -> parse -> retry -> ``Prediction``.
 - ``retrieval``: the ``retrieve(state, action, k)`` seam and an in-memory token-overlap index over a
   transitions file (tests, the copy baseline, small runs).
-- ``synthetic_env`` / ``gym_env``: ``SyntheticEnv`` (the ``Environment`` protocol on top of the model)
-  and a ``gymnasium.Env`` wrapper with text spaces.
+- ``synthetic_env`` / ``gym_env``: ``SyntheticEnv`` (the ``Environment`` protocol on top of the model;
+  ``step_batch`` steps many at once) and a ``gymnasium.Env`` wrapper with text spaces.
 - ``annotate``: reasoning traces for offline transitions (template rationale or a teacher LLM).
 - ``evaluate``: metrics on held-out real transitions beside the retrieval-only copy baseline.
+- ``setup``: the pieces built from the ``experience_model`` config section; ``commands``: the bodies of
+  ``dreamgym annotate`` / ``train-experience-model`` / ``eval-experience-model``.
+
+SFT lives in ``learner/sft_experience.py``; the benchmark in ``bench/bench_experience_model.py``.
+
+A minimal use, without Ray::
+
+    index = TransitionIndex.from_parquet("coin_train.parquet")
+    client = InProcessClient(EngineOptions(model=str(resolve_model("smollm2-135m"))))
+    env = synthetic_env_from_index(ExperienceModel(client), index, "twx:coin")
+    obs = env.reset(env.tasks(1)[0]); result = env.step("move north")
 """

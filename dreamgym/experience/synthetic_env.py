@@ -30,7 +30,7 @@ from dreamgym.envs.base import Environment
 from dreamgym.errors import EnvironmentSpecError
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.retrieval import Retriever, as_demonstration
-from dreamgym.experience.schema import ExperienceQuery, HistoryStep
+from dreamgym.experience.schema import ExperienceQuery, HistoryStep, Prediction
 from dreamgym.experience.templates import state_rules_for
 from dreamgym.types import Observation, StepResult, Task
 
@@ -66,6 +66,7 @@ class SyntheticEnv(Environment):
         self._valid: list[str] | None = None
         self._history: list[HistoryStep] = []
         self._done = True
+        self._last_demos = 0
 
     @property
     def state_rules(self) -> str:  # type: ignore[override]
@@ -102,20 +103,28 @@ class SyntheticEnv(Environment):
                            instruction=task.instruction)
 
     def step(self, action: str) -> StepResult:
+        return self.apply(action, self.model.predict_one(self.query(action)))
+
+    def query(self, action: str) -> ExperienceQuery:
+        """The experience-model query for ``action`` in the current state (retrieval done here)."""
         if self._done or self._task is None:
             raise RuntimeError("step() called with no running episode: call reset(task) first")
         demos = []
         if self.retrieve is not None and self.top_k > 0:
             demos = [as_demonstration(d) for d in self.retrieve(self._state, action, self.top_k)]
-        query = ExperienceQuery(
+        self._last_demos = len(demos)
+        return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
             history=list(self._history), demonstrations=demos, admissible_actions=self._valid,
         )
-        pred = self.model.predict_one(query)
+
+    def apply(self, action: str, pred: Prediction) -> StepResult:
+        """Advance the episode with the experience model's prediction for ``query(action)``."""
+        assert self._task is not None
         admissible = None if self._valid is None else action in self._valid
         info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
                 "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
-                "admissible": admissible, "demonstrations": len(demos)}
+                "admissible": admissible, "demonstrations": self._last_demos}
         if not pred.valid:
             self._done = True
             info["truncated"] = True
@@ -162,3 +171,15 @@ def synthetic_env_from_index(
         initial_state=index.initial_state,
         admissible=index.admissible,
     )
+
+
+def step_batch(envs: Sequence[SyntheticEnv], actions: Sequence[str]) -> list[StepResult]:
+    """Step many synthetic environments at once: one batched experience-model call, so a rollout worker
+    running many episodes keeps the replicas' engines busy. All ``envs`` must share one model."""
+    if not envs:
+        return []
+    model = envs[0].model
+    if any(e.model is not model for e in envs):
+        raise ValueError("step_batch needs environments that share one ExperienceModel")
+    preds = model.predict([e.query(a) for e, a in zip(envs, actions, strict=True)])
+    return [e.apply(a, p) for e, a, p in zip(envs, actions, preds, strict=True)]

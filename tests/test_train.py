@@ -1,0 +1,161 @@
+"""``dreamgym train`` end to end on twx:coin with tiny models: synthetic, s2r and real modes, and resume.
+
+Real components throughout: a real local Ray cluster (the ``ray_cluster`` fixture, or the subprocess's
+own), real TextWorldExpress games, a tiny random Llama served by vLLM as the policy and trained by the
+GRPO learner, the embedded replay buffer with the MiniLM encoder. The experience model is either a tiny
+vLLM replica (which cannot write the reply format: every synthetic step is an invalid transition, counted
+and kept out of training) or an OpenAI-compatible HTTP server on loopback that copies the top retrieved
+demonstration (the retrieval-only baseline of the experience-model issue), so synthetic steps are valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from scripted_openai_server import ScriptedOpenAIServer
+
+from dreamgym.config import validate_config
+from dreamgym.experience.prompts import format_reply
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def tiny_config(out_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A run small enough for a test: 2 tasks x 3 episodes per iteration, 3 held-out tasks, 6-step episodes."""
+    base: dict[str, Any] = {
+        "run": {"name": "t", "out_dir": str(out_dir)},
+        "env": {"name": "twx:coin", "max_steps": 6},
+        "collect": {"policy": "mixed", "episodes": 24, "workers": 1},
+        "policy": {"model": "tiny", "max_tokens": 8, "num_cpus": 0.25, "worked_example": True, "history_steps": 0,
+                   "kv_cache_gib": 0.25, "max_model_len": 2048},
+        "experience_model": {"model": "tiny", "num_cpus": 0.25, "kv_cache_gib": 0.25, "max_tokens": 24,
+                             "max_attempts": 2, "max_model_len": 2048, "top_k": 2, "dtype": "float32"},
+        "learner": {"group_size": 3, "lr": 1e-3, "device": "cpu"},
+        "curriculum": {"seed_tasks": 6, "tasks_per_iteration": 2, "llm_variants": 0, "param_variants": 0},
+        "replay": {"num_cpus": 0.1},
+        "train": {"iterations": 2, "eval_tasks": 3, "envs_per_worker": 6, "synthetic_threads": 6,
+                  "learner_num_cpus": 0.25, "rollout_num_cpus": 0.1, "learner_threads": 1, "progress": True,
+                  "warm_start": "sft", "sft_steps": 12, "sft_lr": 1e-2, "sft_batch_episodes": 4},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return base
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _check_run_dir(run_dir: Path, iterations: int) -> list[dict[str, Any]]:
+    records = _read_metrics(run_dir)
+    iters = [r for r in records if r["event"] == "iteration"]
+    assert [r["iteration"] for r in iters] == list(range(1, iterations + 1))
+    evals = [r for r in records if r["event"] == "eval"]
+    assert evals and all(0 <= e["baseline_success_rate"] <= 1 for e in evals)  # always beside the baseline
+    assert (run_dir / "config.yaml").is_file() and list((run_dir / "tensorboard").iterdir())
+    report = (run_dir / "report.md").read_text()
+    assert "random-valid success" in report and (run_dir / "plots" / "eval_success.png").is_file()
+    assert any((run_dir / "checkpoints").glob("step-*/driver.json"))
+    return records
+
+
+def _copy_top_demonstration(body: dict[str, Any]) -> str:
+    """The experience model as the retrieval-only copy baseline: the outcome of demonstration [1]."""
+    user = body["messages"][-1]["content"]
+    if "[1] State:" not in user:
+        return "no demonstration to copy"
+    block = user.split("[1] State:", 1)[1]
+    nxt = block.split("Next state:", 1)[1].split("\n")[0].strip()
+    r = block.split("Reward:", 1)[1].split("\n")[0].split()
+    return format_reply(nxt, float(r[0]), r[2] == "true", r[4] == "true", "copied from the closest real transition")
+
+
+@pytest.mark.slow
+def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Path) -> None:
+    from actors.driver import run_train
+
+    with ScriptedOpenAIServer(_copy_top_demonstration) as server:
+        cfg = validate_config(tiny_config(
+            tmp_path, experience_model={"backend": "http", "url": server.url},
+            train={"mode": "synthetic", "iterations": 1, "warm_start": "none", "eval_at_start": False}))
+        s = run_train(cfg)
+    assert s["iterations"] == 1 and s["real_transitions"] == 0
+    assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == 0
+    records = _check_run_dir(Path(s["run_dir"]), 1)
+    it = next(r for r in records if r["event"] == "iteration")
+    assert it["phase"] == "synthetic" and it["rollout"]["em_model_calls"] + it["rollout"]["em_settled"] > 0
+    assert it["replay"]["stored"] + it["replay"]["duplicates"] > 0  # synthetic experience went to the buffer
+
+
+@pytest.mark.slow
+def test_s2r_with_a_vllm_experience_replica_and_a_real_budget(ray_cluster, tmp_path: Path) -> None:
+    from actors.driver import run_train
+
+    cfg = validate_config(tiny_config(tmp_path, train={"mode": "s2r", "iterations": 3, "synthetic_iterations": 1,
+                                                       "real_budget": 10, "checkpoint_every": 0}))
+    s = run_train(cfg)
+    records = _check_run_dir(Path(s["run_dir"]), s["iterations"])
+    iters = [r for r in records if r["event"] == "iteration"]
+    assert iters[0]["phase"] == "synthetic" and all(r["phase"] == "real" for r in iters[1:])
+    # the tiny replica never writes the reply format: every synthetic step is an invalid transition,
+    # counted, kept out of the buffer's demonstrations and out of the learner's groups
+    assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == iters[0]["rollout"]["invalid_transitions"] > 0
+    assert iters[0]["groups"]["groups"] == 0 and iters[0]["left_out"] > 0
+    # the real phase stops at the first iteration boundary after the budget is spent
+    assert s["real_transitions"] >= 10 and s["iterations"] == 2
+    warm = [r for r in records if r["event"] == "warm_start"]
+    assert len(warm) == 12 and warm[-1]["nll"] < warm[0]["nll"]
+
+
+def _wait_for(path_glob: tuple[Path, str], proc: subprocess.Popen, timeout: float) -> Path:
+    root, pattern = path_glob
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = sorted(root.glob(pattern))
+        if found:
+            return found[0]
+        if proc.poll() is not None:
+            raise AssertionError(f"dreamgym train exited early with {proc.returncode}")
+        time.sleep(1)
+    raise AssertionError(f"nothing matched {pattern} under {root} within {timeout} s")
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
+                      train={"mode": "real", "iterations": 3, "warm_start": "none", "checkpoint_every": 1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    log = (tmp_path / "first.log").open("w")
+    proc = subprocess.Popen([str(VENV_BIN / "dreamgym"), "train", str(tmp_path / "cfg.yaml")], stdout=log,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        ckpt = _wait_for((tmp_path / "runs", "t-train-*/checkpoints/step-000001/driver.json"), proc, 600)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started, nothing else
+        proc.wait()
+        log.close()
+    run_dir = ckpt.parents[2]
+    done_before = [r["iteration"] for r in _read_metrics(run_dir) if r["event"] == "iteration"]
+    assert 1 <= len(done_before) < 3
+    r = subprocess.run([str(VENV_BIN / "dreamgym"), "train", "--resume", str(run_dir)], capture_output=True,
+                       text=True, env=env, timeout=900, start_new_session=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming at iteration" in r.stderr
+    state = json.loads((run_dir / "summary.json").read_text())
+    assert state["iterations"] == 3
+    iters = [x["iteration"] for x in _read_metrics(run_dir) if x["event"] == "iteration"]
+    # iterations after the checkpoint may be run twice (the killed session's partial work), never skipped
+    assert iters[-1] == 3 and set(range(1, 4)) <= set(iters)
+    driver = json.loads(sorted((run_dir / "checkpoints").glob("step-*/driver.json"))[-1].read_text())
+    assert driver["sessions"] == 2 and driver["iteration"] == 3
