@@ -24,8 +24,9 @@ def connect(cfg: RayConfig) -> str:
             ray.init(address=address, log_to_driver=cfg.log_to_driver, configure_logging=False)
             return f"Ray cluster at {address}"
         # "local": a fresh single-node Ray even if another one runs on this machine (join it with "auto").
+        system = {"worker_niceness": cfg.worker_niceness} if cfg.worker_niceness is not None else None
         ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
-                 configure_logging=False)
+                 configure_logging=False, _system_config=system)
         return "local Ray"
     except (ConnectionError, TimeoutError) as e:
         raise DreamGymError(

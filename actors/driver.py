@@ -34,6 +34,7 @@ from actors.cluster import connect
 from actors.train_setup import (
     Actors,
     check_resources,
+    experience_sft,
     gold_for_warm_start,
     offline_data,
     seed_replay,
@@ -246,6 +247,11 @@ class Run:
             from dreamgym.data.transitions import open_transitions
 
             st.offline_transitions = int(open_transitions(offline).metadata.num_rows)
+        if cfg.train.experience_sft and uses_synthetic(cfg) and cfg.experience_model.backend == "ray":
+            t1 = time.perf_counter()
+            cfg.experience_model.model = str(experience_sft(cfg, offline, self.run_dir, self.say))
+            st.add_phase("experience_sft", time.perf_counter() - t1)
+            t0 += time.perf_counter() - t1
         gold = None
         if cfg.train.warm_start == "sft" and not st.warm_started:
             gold = gold_for_warm_start(cfg, offline, self.run_dir)

@@ -179,7 +179,7 @@ def create_rollout_workers(
     offline_data: str | None = None,
 ) -> list[ActorHandle]:
     """Start ``train.rollout_workers`` workers with ``train.rollout_num_cpus`` each; returns once all are up."""
-    cls = ray.remote(RolloutWorker).options(num_cpus=cfg.train.rollout_num_cpus, max_concurrency=2)
+    cls = ray.remote(RolloutWorker).options(num_cpus=cfg.train.rollout_num_cpus, max_concurrency=1)
     workers = [cls.remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
                for i in range(cfg.train.rollout_workers)]
     ray.get([w.ready.remote() for w in workers])

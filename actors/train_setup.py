@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,15 +59,25 @@ def uses_synthetic(cfg: DreamGymConfig) -> bool:
     return cfg.train.mode == "synthetic" or (cfg.train.mode == "s2r" and cfg.train.synthetic_iterations > 0)
 
 
-def check_resources(cfg: DreamGymConfig) -> None:
-    """Fail fast (instead of waiting forever for actors) when the cluster lacks the CPUs/GPUs asked for."""
+#: Ray CPUs of the curriculum actor (it mostly waits).
+CURRICULUM_CPUS = 0.25
+
+
+def requested_resources(cfg: DreamGymConfig) -> tuple[float, float]:
+    """``(CPUs, GPUs)`` all actors of a run reserve together."""
     t, p, em, r = cfg.train, cfg.policy, cfg.experience_model, cfg.replay
     cpus = p.num_engines * p.num_cpus + t.learner_num_cpus + t.rollout_workers * t.rollout_num_cpus
-    cpus += r.shards * r.num_cpus + 0.25  # the curriculum actor
+    cpus += r.shards * r.num_cpus + CURRICULUM_CPUS
     gpus = t.learner_num_gpus + (p.num_engines if p.device == "cuda" else 0)
     if uses_synthetic(cfg) and em.backend == "ray":
         cpus += em.replicas * em.num_cpus
         gpus += em.replicas * em.num_gpus
+    return cpus, gpus
+
+
+def check_resources(cfg: DreamGymConfig) -> None:
+    """Fail fast (instead of waiting forever for actors) when the cluster lacks the CPUs/GPUs asked for."""
+    cpus, gpus = requested_resources(cfg)
     have = ray.cluster_resources()
     if cpus > have.get("CPU", 0) + 1e-9 or gpus > have.get("GPU", 0) + 1e-9:
         raise ConfigError(
@@ -111,6 +122,46 @@ def seed_replay(replay: Any, data: Path, batch_size: int) -> dict[str, Any]:
 
     rep = seed_from_parquet(replay, data, batch_size=batch_size, progress=False)
     return {"rows": rep.rows, **rep.result.to_dict(), "seconds": round(rep.seconds, 2)}
+
+
+# -- the experience model ------------------------------------------------------------------------
+def _experience_sft_task(cfg: dict[str, Any], data: str, out: str) -> dict[str, Any]:
+    """Annotate the offline data with template rationales and fine-tune the experience model on it."""
+    from dreamgym.experience.annotate import TemplateAnnotator, annotate_file
+    from learner.sft_experience import train_experience_model
+
+    c = DreamGymConfig.model_validate(cfg)
+    annotated = Path(out).parent / "offline_annotated.parquet"
+    annotate_file(data, annotated, TemplateAnnotator(c.experience_model.train.step_budget))
+    c.experience_model.train.data = annotated
+    progress = Path(out).parent / "experience_sft.jsonl"
+
+    def log(rec: dict[str, Any]) -> None:
+        with progress.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    return train_experience_model(c, out, log=log)
+
+
+def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Callable[[str], None]) -> Path:
+    """The experience model fine-tuned on the offline data (``learner.sft_experience``, the paper's loss), as a
+    Ray task with the learner's resources; reused when the run directory already has it (resume)."""
+    out = run_dir / "experience_model"
+    if (out / "dreamgym_sft.json").is_file():
+        return out
+    c = cfg.model_copy(deep=True)
+    c.experience_model.train.step_budget = cfg.env.max_steps  # the budget the offline episodes were cut at
+    c.experience_model.train.threads = c.experience_model.train.threads or cfg.train.learner_threads
+    c.experience_model.train.log_every = 1
+    env_vars = {"OMP_NUM_THREADS": str(cfg.train.learner_threads), "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    task = ray.remote(_experience_sft_task).options(num_cpus=cfg.train.learner_num_cpus,
+                                                     num_gpus=cfg.train.learner_num_gpus,
+                                                     runtime_env={"env_vars": env_vars})
+    s = ray.get(task.remote(c.model_dump(mode="json"), str(offline), str(out)))
+    log(f"experience model fine-tuned on {s['examples']} offline transitions ({s['steps']} steps, loss "
+        f"{s['loss_first']:.3f} -> {s['loss_last']:.3f}) in {s['train_seconds']:.0f} s")
+    return out
 
 
 # -- actors -----------------------------------------------------------------------------------------
@@ -175,7 +226,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
         if uses_synthetic(cfg) and cfg.curriculum.llm_variants > 0:
             factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
         a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
-                                               num_cpus=0.25)
+                                               num_cpus=CURRICULUM_CPUS)
         a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, str(offline))
     except BaseException:
         # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.

@@ -43,6 +43,9 @@ class RayConfig(Section):
     """CPUs for a locally started Ray (``None``: all of this machine's)."""
     log_to_driver: bool = False
     """Forward actor stdout/stderr to the driver's terminal."""
+    worker_niceness: int | None = Field(default=None, ge=0, le=19)
+    """``nice`` value of the worker processes of a locally started Ray (``None``: Ray's default, 15, which
+    starves the actors on a machine busy with other work; 0: normal priority)."""
 
 
 GameParamValue = str | int | float | bool
@@ -648,6 +651,10 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(default=1, ge=0)
     """Checkpoint the run (learner, curriculum, counters; the replay buffer persists by itself) every this
     many iterations (0: only at the end). ``learner.keep_checkpoints`` are kept."""
+    experience_sft: bool = False
+    """Before training, fine-tune the experience model (base ``experience_model.train.base``, the settings of
+    ``experience_model.train``) on the offline data with template rationales (``dreamgym annotate`` without a
+    teacher), and serve the result (``<run>/experience_model``). Synthetic modes with Ray replicas only."""
     warm_start: Literal["none", "sft"] = "none"
     """``sft``: behaviour cloning on the successful gold episodes of the offline data before RL (the
     paper's SFT baseline); ``none``: start RL from ``policy.model``."""

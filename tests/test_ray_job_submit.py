@@ -39,7 +39,12 @@ def ray_head(tmp_path):
     head = subprocess.Popen(
         [str(VENV_BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
          "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-         "--include-dashboard=true", "--disable-usage-stats"],
+         "--include-dashboard=true", "--disable-usage-stats",
+         # Every agent port explicit and free: the defaults (e.g. 52365) are taken by any other Ray on this
+         # machine (the session fixture's), and then the job agent never starts.
+         f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+         f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+         f"--ray-client-server-port={_free_port()}"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dash}"
@@ -104,6 +109,7 @@ def test_collect_job_succeeds(ray_head, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_train_job_succeeds(ray_head, tmp_path) -> None:
     import yaml
     from test_train import tiny_config
@@ -118,7 +124,7 @@ def test_train_job_succeeds(ray_head, tmp_path) -> None:
     match = re.search(r"(raysubmit_\w+)", submitted)
     assert match, submitted
     job_id = match.group(1)
-    deadline = time.time() + 900
+    deadline = time.time() + 1500
     status = ""
     while time.time() < deadline:
         status = _ray("job", "status", "--address", address, job_id, env=env)

@@ -50,7 +50,7 @@ def test_unknown_or_malformed_filter(make_buffer, twx_data):
     with pytest.raises(FilterFieldError, match="expects a integer value"):
         buf.search(vecs[:1], filters={"iteration": "3"})
     with pytest.raises(FilterFieldError, match="not a range"):
-        buf.search(vecs[:1], filters={"reward": {"above": 1}})
+        buf.search(vecs[:1], filters={"iteration": {"above": 1}})
     with pytest.raises(FilterFieldError, match="non-empty list"):
         buf.search(vecs[:1], filters={"source": []})
 

@@ -79,24 +79,52 @@ def _copy_top_demonstration(body: dict[str, Any]) -> str:
     return format_reply(nxt, float(r[0]), r[2] == "true", r[4] == "true", "copied from the closest real transition")
 
 
+def test_default_config_fits_this_machine() -> None:
+    """`dreamgym train` without a config: twx:coin, SmolLM2 as policy and experience model, on 2 CPUs."""
+    from actors.train_setup import requested_resources
+    from dreamgym.cli import default_train_config
+    from dreamgym.config import load_config
+
+    cfg = load_config(default_train_config())
+    assert cfg.env.name == "twx:coin" and cfg.policy.model == cfg.experience_model.model == "smollm2-135m"
+    assert cfg.train.mode == "s2r" and cfg.replay.backend == "edge" and cfg.ray.address is None
+    assert requested_resources(cfg) <= (2.0, 0.0)
+
+
+def test_train_help_is_light() -> None:
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "dreamgym.cli", "train", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--resume" in r.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time")}
+    heavy = [m for m in ("torch", "vllm", "ray") if m in imported]
+    assert not heavy, heavy
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
 def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Path) -> None:
     from actors.driver import run_train
 
     with ScriptedOpenAIServer(_copy_top_demonstration) as server:
         cfg = validate_config(tiny_config(
             tmp_path, experience_model={"backend": "http", "url": server.url},
-            train={"mode": "synthetic", "iterations": 1, "warm_start": "none", "eval_at_start": False}))
+            train={"mode": "synthetic", "iterations": 2, "warm_start": "none", "eval_at_start": False,
+                   "max_staleness": 1}))
         s = run_train(cfg)
-    assert s["iterations"] == 1 and s["real_transitions"] == 0
+    assert s["iterations"] == 2 and s["real_transitions"] == 0
     assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == 0
-    records = _check_run_dir(Path(s["run_dir"]), 1)
-    it = next(r for r in records if r["event"] == "iteration")
-    assert it["phase"] == "synthetic" and it["rollout"]["em_model_calls"] + it["rollout"]["em_settled"] > 0
-    assert it["replay"]["stored"] + it["replay"]["duplicates"] > 0  # synthetic experience went to the buffer
+    records = _check_run_dir(Path(s["run_dir"]), 2)
+    iters = [r for r in records if r["event"] == "iteration"]
+    for it in iters:
+        assert it["phase"] == "synthetic" and it["rollout"]["em_model_calls"] + it["rollout"]["em_settled"] > 0
+        assert it["replay"]["stored"] + it["replay"]["duplicates"] > 0  # synthetic experience went to the buffer
+    # with max_staleness 1 the second iteration's rollouts overlapped the first learner step: nothing was
+    # staler than the bound, so no group was dropped for staleness
+    assert all(it["stale_groups"] == 0 for it in iters)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
 def test_s2r_with_a_vllm_experience_replica_and_a_real_budget(ray_cluster, tmp_path: Path) -> None:
     from actors.driver import run_train
 
@@ -130,6 +158,7 @@ def _wait_for(path_glob: tuple[Path, str], proc: subprocess.Popen, timeout: floa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
 def test_resume_after_the_driver_is_killed(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
                       train={"mode": "real", "iterations": 3, "warm_start": "none", "checkpoint_every": 1})

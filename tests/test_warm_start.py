@@ -35,6 +35,7 @@ def test_gold_episodes_are_complete_successful_gold_runs(gold) -> None:
     assert len(gold_episodes(gold, limit=1)) == 1
 
 
+@pytest.mark.slow
 def test_cloning_lowers_the_gold_reply_nll(gold, tmp_path: Path) -> None:
     cfg = DreamGymConfig.model_validate({"policy": {"model": "tiny", "worked_example": True, "history_steps": 1},
                                          "learner": {"device": "cpu"}})

@@ -1,20 +1,25 @@
-"""An in-process async vLLM engine that answers experience-model requests, and the client around it.
+"""An in-process vLLM engine with an asyncio interface, and the client around it.
 
-``AsyncEngine`` owns one ``vllm.v1.engine.async_llm.AsyncLLM`` in this process (on CPU the engine core
-runs in-process too, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: faster start, less memory) with prefix
-caching on, so the constant system prompt of every request is computed once. It renders chat
-messages with the model's chat template and sends token ids. The Ray replica
-(``actors/experience_model.py``) wraps one; ``InProcessClient`` runs one on a background event-loop
-thread for scripts and the CLI that do not use Ray.
+``AsyncEngine`` owns one ``vllm.v1.engine.llm_engine.LLMEngine`` whose engine core runs in this very
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: on CPU it starts several times faster and takes about a
+gigabyte less than a separate core process, see STACK.md; vLLM's ``AsyncLLM`` always spawns one). A
+dedicated stepping thread adds the requests that arrive and calls ``step()`` while any is unfinished,
+so requests that arrive while others run join the running batch (continuous batching); each caller
+awaits an asyncio future the thread resolves. Prefix caching is on, so the constant system prompt of
+every request is computed once. Chat messages are rendered with the model's chat template and sent as
+token ids.
 
-vLLM reads its environment variables at import, so ``engine_env`` must be applied before the first
-``import vllm`` in the process (the Ray replica passes them as its ``runtime_env``).
+The Ray replica (``actors/experience_model.py``) wraps one; ``InProcessClient`` runs one for scripts
+and the CLI that do not use Ray. vLLM reads its environment variables when it is imported, so
+``engine_env`` must be in the process environment before the first ``import vllm`` (the Ray replica
+passes them as its ``runtime_env``; ``start`` sets any that are missing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
 import uuid
 from collections.abc import Sequence
@@ -60,39 +65,91 @@ def render_chat(tokenizer: Any, messages: list[Message]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
+@dataclass
+class _Pending:
+    future: asyncio.Future[Completion]
+    loop: asyncio.AbstractEventLoop
+    prompt_tokens: int
+
+
 class AsyncEngine:
-    """One async vLLM engine; ``generate_batch`` runs a batch of chat requests concurrently."""
+    """One in-process vLLM engine; ``generate_batch`` runs a batch of chat requests concurrently."""
 
     def __init__(self, opts: EngineOptions) -> None:
         self.opts = opts
         self.engine: Any = None
         self.tokenizer: Any = None
         self.inflight = 0
-        """Requests currently inside the engine (the router's load signal)."""
+        """Requests submitted and not yet finished (the router's load signal)."""
         self.served = 0
+        self._inbox: queue.SimpleQueue[tuple[str, Any, Any, _Pending] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def start(self) -> None:
-        """Build the engine (tens of seconds on CPU). Call from the thread that runs its event loop."""
+        """Build the engine (seconds to tens of seconds on CPU) and start its stepping thread."""
         if self.engine is not None:
             return
         for k, v in engine_env(self.opts).items():
             os.environ.setdefault(k, v)
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
 
         kw: dict[str, Any] = {}
         if self.opts.device == "cuda":
             kw["gpu_memory_utilization"] = self.opts.gpu_memory_utilization
         else:
             kw["kv_cache_memory_bytes"] = int(self.opts.kv_cache_gib * 2**30)
-        args = AsyncEngineArgs(
+        args = EngineArgs(
             model=self.opts.model, dtype=self.opts.dtype, max_model_len=self.opts.max_model_len,
             enable_prefix_caching=self.opts.prefix_caching, enforce_eager=self.opts.enforce_eager,
             seed=self.opts.seed, disable_log_stats=True, **kw,
         )
-        self.engine = AsyncLLM.from_engine_args(args)
+        self.engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
         self.tokenizer = self.engine.get_tokenizer()
+        self._thread = threading.Thread(target=self._run, name="dreamgym-vllm-step", daemon=True)
+        self._thread.start()
 
+    # -- the stepping thread (the only thread that touches the engine after start) -------------
+    def _run(self) -> None:
+        pending: dict[str, _Pending] = {}
+        while True:
+            items: list[tuple[str, Any, Any, _Pending] | None] = []
+            try:  # block only when idle; then take everything that is waiting
+                items.append(self._inbox.get(block=not pending))
+                while True:
+                    items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for item in items:
+                if item is None:
+                    continue
+                rid, prompt, params, waiter = item
+                try:
+                    self.engine.add_request(rid, prompt, params)
+                    pending[rid] = waiter
+                except Exception as e:  # a request the engine refuses fails alone
+                    _resolve(waiter, Completion("", f"error:{type(e).__name__}: {e}"[:200],
+                                                prompt_tokens=waiter.prompt_tokens))
+            if None in items:  # shutdown
+                _fail_all(pending, RuntimeError("the engine was shut down"))
+                return
+            if not pending:
+                continue
+            try:
+                outputs = self.engine.step()
+            except BaseException as e:  # the engine is broken: fail every waiter, refuse new work
+                self._error = e
+                _fail_all(pending, e)
+                return
+            for out in outputs:
+                if out.finished and out.request_id in pending:
+                    w = pending.pop(out.request_id)
+                    o = out.outputs[0]
+                    _resolve(w, Completion(text=o.text, finish_reason=str(o.finish_reason or "stop"),
+                                           prompt_tokens=w.prompt_tokens, completion_tokens=len(o.token_ids)))
+
+    # -- requests -------------------------------------------------------------------------------
     def render(self, messages: list[Message]) -> list[int]:
         return list(self.tokenizer.encode(render_chat(self.tokenizer, messages), add_special_tokens=False))
 
@@ -108,23 +165,22 @@ class AsyncEngine:
         """Generate from token ids (the raw engine path the benchmark compares against)."""
         from vllm.inputs import TokensPrompt
 
+        if self._error is not None:
+            raise RuntimeError(f"the vLLM engine failed earlier: {self._error!r}")
         if len(prompt_ids) >= self.opts.max_model_len:
             return Completion("", f"error:prompt-too-long ({len(prompt_ids)} >= {self.opts.max_model_len} tokens)",
                               prompt_tokens=len(prompt_ids))
+        loop = asyncio.get_running_loop()
+        waiter = _Pending(loop.create_future(), loop, len(prompt_ids))
         self.inflight += 1
         try:
-            final = None
-            params = self.sampling_params(sampling, len(prompt_ids))
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
-                                                  request_id=uuid.uuid4().hex):
-                final = out
+            self._inbox.put((uuid.uuid4().hex, TokensPrompt(prompt_token_ids=prompt_ids),
+                             self.sampling_params(sampling, len(prompt_ids)), waiter))
+            out = await waiter.future
         finally:
             self.inflight -= 1
         self.served += 1
-        assert final is not None
-        o = final.outputs[0]
-        return Completion(text=o.text, finish_reason=str(o.finish_reason or "stop"),
-                          prompt_tokens=len(prompt_ids), completion_tokens=len(o.token_ids))
+        return out
 
     async def generate(self, request: CompletionRequest) -> Completion:
         return await self.generate_ids(self.render(request.messages), request.sampling)
@@ -133,9 +189,34 @@ class AsyncEngine:
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
     def shutdown(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
         if self.engine is not None:
-            self.engine.shutdown()
+            core = getattr(self.engine, "engine_core", None)
+            if core is not None:
+                core.shutdown()
             self.engine = None
+
+
+def _resolve(w: _Pending, c: Completion) -> None:
+    def set_result() -> None:
+        if not w.future.done():
+            w.future.set_result(c)
+
+    w.loop.call_soon_threadsafe(set_result)
+
+
+def _fail_all(pending: dict[str, _Pending], e: BaseException) -> None:
+    for w in pending.values():
+        w.loop.call_soon_threadsafe(_fail, w.future, e)
+    pending.clear()
+
+
+def _fail(fut: asyncio.Future[Completion], e: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(RuntimeError(f"the vLLM engine failed: {e!r}"))
 
 
 class InProcessClient(ExperienceClient):
@@ -143,17 +224,26 @@ class InProcessClient(ExperienceClient):
 
     def __init__(self, opts: EngineOptions, timeout_s: float = 600.0) -> None:
         self.engine = AsyncEngine(opts)
+        self.engine.start()
         self.timeout_s = timeout_s
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="dreamgym-vllm-loop", daemon=True)
         self._thread.start()
-        self._call(self._start())
-
-    async def _start(self) -> None:
-        self.engine.start()
 
     def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=self.timeout_s)
+        import concurrent.futures
+
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            from dreamgym.experience.http_client import ExperienceBackendError
+
+            raise ExperienceBackendError(
+                f"the in-process vLLM engine did not answer a batch within {self.timeout_s:.0f} s; send smaller "
+                "batches or raise experience_model.request_timeout_s"
+            ) from None
 
     def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
         return self._call(self.engine.generate_batch(list(requests)))  # type: ignore[no-any-return]
@@ -172,11 +262,8 @@ class InProcessClient(ExperienceClient):
         if self.loop.is_closed():
             return
 
-        async def stop() -> None:
-            self.engine.shutdown()
-
         try:
-            self._call(stop())
+            self.engine.shutdown()
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)

@@ -14,6 +14,7 @@ the episode goes on. When the environment's admissible list is known and exclude
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 
@@ -45,7 +46,8 @@ class ExperienceModel:
         self.inadmissible = inadmissible
         self.stats = InvalidAccounting()
         self.busy_s = 0.0
-        """Wall time spent inside ``predict`` (for transitions/s)."""
+        """Wall time spent inside ``predict`` (summed over concurrent callers)."""
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------
     def settle(self, q: ExperienceQuery) -> Prediction | None:
@@ -63,47 +65,53 @@ class ExperienceModel:
         return self.predict([q])[0]
 
     def predict(self, queries: Sequence[ExperienceQuery]) -> list[Prediction]:
-        """Predictions for ``queries``, in order (see the module docstring)."""
+        """Predictions for ``queries``, in order (see the module docstring). Thread-safe: rollout
+        threads may share one model; each call counts into its own tally, merged at the end."""
         t0 = time.perf_counter()
+        st = InvalidAccounting()
         out: list[Prediction | None] = [None] * len(queries)
         pending: list[tuple[int, list[dict[str, str]], Sampling]] = []
         for i, q in enumerate(queries):
             settled = self.settle(q)
             if settled is not None:
                 out[i] = settled
-                self.stats.settled += 1
+                st.settled += 1
             else:
                 pending.append((i, build_messages(q, self.prompt), self.sampling))
-        self.stats.queries += len(queries)
+        st.queries += len(queries)
         failed_once: set[int] = set()
         attempt = 0
-        while pending:
-            attempt += 1
-            replies = self.client.complete([CompletionRequest(m, s) for _, m, s in pending])
-            if len(replies) != len(pending):
-                raise RuntimeError(f"client returned {len(replies)} completions for {len(pending)} requests")
-            self.stats.model_calls += len(pending)
-            if attempt > 1:
-                self.stats.retries += len(pending)
-            retry: list[tuple[int, list[dict[str, str]], Sampling]] = []
-            for (i, messages, sampling), reply in zip(pending, replies, strict=True):
-                self.stats.prompt_tokens += reply.prompt_tokens
-                self.stats.completion_tokens += reply.completion_tokens
-                pred = self._parse(reply, attempt)
-                if pred.valid:
-                    out[i] = pred
-                    self.stats.valid += 1
-                    self.stats.recovered += i in failed_once
-                    continue
-                failed_once.add(i)
-                self.stats.reasons[pred.invalid_reason] += 1
-                if self.retry.should_retry(attempt, reply):
-                    retry.append((i, messages, self.retry.next_sampling(sampling, reply)))
-                else:
-                    out[i] = pred
-                    self.stats.invalid += 1
-            pending = retry
-        self.busy_s += time.perf_counter() - t0
+        try:
+            while pending:
+                attempt += 1
+                replies = self.client.complete([CompletionRequest(m, s) for _, m, s in pending])
+                if len(replies) != len(pending):
+                    raise RuntimeError(f"client returned {len(replies)} completions for {len(pending)} requests")
+                st.model_calls += len(pending)
+                if attempt > 1:
+                    st.retries += len(pending)
+                retry: list[tuple[int, list[dict[str, str]], Sampling]] = []
+                for (i, messages, sampling), reply in zip(pending, replies, strict=True):
+                    st.prompt_tokens += reply.prompt_tokens
+                    st.completion_tokens += reply.completion_tokens
+                    pred = self._parse(reply, attempt)
+                    if pred.valid:
+                        out[i] = pred
+                        st.valid += 1
+                        st.recovered += i in failed_once
+                        continue
+                    failed_once.add(i)
+                    st.reasons[pred.invalid_reason] += 1
+                    if self.retry.should_retry(attempt, reply):
+                        retry.append((i, messages, self.retry.next_sampling(sampling, reply)))
+                    else:
+                        out[i] = pred
+                        st.invalid += 1
+                pending = retry
+        finally:
+            with self._lock:
+                self.stats += st
+                self.busy_s += time.perf_counter() - t0
         return [p for p in out if p is not None]
 
     def _parse(self, reply: Completion, attempt: int) -> Prediction:

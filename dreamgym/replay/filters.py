@@ -4,7 +4,7 @@ A filter is a mapping ``{field: value}`` whose conditions must all hold:
 
 - a scalar (``"twx:coin"``, ``3``, ``True``) matches equal values;
 - a list (``["real", "synthetic"]``) matches any of its values (strings or integers);
-- a mapping with any of ``gte``, ``gt``, ``lte``, ``lt`` matches a numeric range.
+- a mapping with any of ``gte``, ``gt``, ``lte``, ``lt`` matches a range of an integer field.
 
 Only the fields in ``FILTER_FIELDS`` can be filtered on; anything else is an error naming the valid
 ones, so a typo never silently returns unfiltered demonstrations.
@@ -18,23 +18,22 @@ from typing import Any, Literal
 
 from dreamgym.errors import FilterFieldError
 
-#: Field -> value kind. ``keyword`` fields get a keyword payload index, ``integer`` an integer index.
-FILTER_FIELDS: dict[str, Literal["keyword", "integer", "float", "bool"]] = {
+#: Field -> value kind: the payload keys of their own (``records.PAYLOAD_KEYS``).
+FILTER_FIELDS: dict[str, Literal["keyword", "integer"]] = {
     "env": "keyword",
     "env_family": "keyword",
     "task_id": "keyword",
     "task_family": "keyword",
     "source": "keyword",
     "policy": "keyword",
-    "episode_id": "keyword",
     "iteration": "integer",
     "policy_version": "integer",
-    "step": "integer",
     "seq": "integer",
-    "reward": "float",
-    "done": "bool",
-    "success": "bool",
 }
+
+#: Fields with a payload index (filters on the others scan the candidates). Each index costs every
+#: write some work, so only the fields retrieval and eviction use all the time get one.
+INDEXED_FIELDS = ("env", "task_id", "task_family", "source", "iteration", "seq")
 
 _RANGE_KEYS = ("gte", "gt", "lte", "lt")
 
@@ -54,11 +53,9 @@ Filters = Mapping[str, Any]
 def _type_ok(kind: str, v: Any) -> bool:
     if kind == "keyword":
         return isinstance(v, str)
-    if kind == "bool":
-        return isinstance(v, bool)
     if kind == "integer":
         return isinstance(v, int) and not isinstance(v, bool)
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    return isinstance(v, int | float) and not isinstance(v, bool)  # range bounds
 
 
 def parse_filters(filters: Filters | None, where: str = "retrieve") -> list[Condition]:
@@ -77,7 +74,7 @@ def parse_filters(filters: Filters | None, where: str = "retrieve") -> list[Cond
             )
         if isinstance(value, Mapping):
             bad = [k for k in value if k not in _RANGE_KEYS]
-            if bad or not value or kind in ("keyword", "bool"):
+            if bad or not value or kind == "keyword":
                 raise FilterFieldError(
                     f"{where}: filter {field!r}={dict(value)!r} is not a range; ranges are mappings with "
                     f"{'/'.join(_RANGE_KEYS)} on numeric fields"
@@ -87,7 +84,7 @@ def parse_filters(filters: Filters | None, where: str = "retrieve") -> list[Cond
             out.append(Condition(field, "range", {k: float(v) for k, v in value.items()}))
         elif isinstance(value, list | tuple | set | frozenset):
             values = sorted(value) if isinstance(value, set | frozenset) else list(value)
-            if not values or kind in ("float", "bool") or not all(_type_ok(kind, v) for v in values):
+            if not values or not all(_type_ok(kind, v) for v in values):
                 raise FilterFieldError(
                     f"{where}: filter {field!r} with a list needs a non-empty list of {kind} values, got {value!r}"
                 )
@@ -95,9 +92,6 @@ def parse_filters(filters: Filters | None, where: str = "retrieve") -> list[Cond
         else:
             if not _type_ok(kind, value):
                 raise FilterFieldError(f"{where}: filter {field!r} expects a {kind} value, got {value!r}")
-            if kind == "float":  # Qdrant matches only keywords, integers and booleans exactly
-                out.append(Condition(field, "range", {"gte": float(value), "lte": float(value)}))
-            else:
-                out.append(Condition(field, "eq", value))
+            out.append(Condition(field, "eq", value))
     return out
 

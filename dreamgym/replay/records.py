@@ -6,9 +6,11 @@ A point in the replay store is ``(id, phi(s_t, a_t), payload)``:
   see as a demonstration). Two transitions with the same content get the same id, so an exact duplicate
   is stored once, a retried write is harmless, and every process (driver, shard, restore) computes the
   same id without asking anyone.
-- **payload**: the transition's columns of the transitions Parquet schema, plus the metadata the data
-  rules need (``iteration``, ``policy_version``, ``seq``) and two derived filter fields (``env_family``,
-  ``task_family``).
+- **payload**: the filterable fields as their own keys (``env``, ``env_family``, ``task_id``,
+  ``task_family``, ``source``, ``policy``, ``iteration``, ``policy_version``, ``seq``) and the rest of the
+  transition (its columns of the transitions Parquet schema) as one JSON string under ``transition``.
+  Packing matters: the Qdrant engine converts a Python payload key by key, and a transition unpacked
+  into ~30 keys and list items made the conversion cost more than the storage write itself.
 - **shard**: a stable hash of the id (not Python's salted ``hash``), so a transition always lands on the
   same one of the S shards.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 import uuid
 from typing import Any
@@ -35,11 +38,12 @@ TRANSITION_FIELDS = (
     "success", "admissible_actions", "source", "policy", "valid",
 )
 
-#: Metadata stored beside the transition (see ``point_payload``).
-META_FIELDS = ("iteration", "policy_version", "seq")
-
-#: Derived fields, recomputed from the transition (so a snapshot need not carry them).
-DERIVED_FIELDS = ("env_family", "task_family")
+#: Payload keys of their own (filterable; see ``filters.FILTER_FIELDS``). The rest goes to ``BLOB``.
+PAYLOAD_KEYS = ("env", "env_family", "task_id", "task_family", "source", "policy", "iteration", "policy_version",
+                "seq")
+#: Payload key of the JSON-packed remainder of the transition.
+BLOB = "transition"
+_BLOB_FIELDS = tuple(f for f in TRANSITION_FIELDS if f not in PAYLOAD_KEYS)
 
 _SEED_SEGMENT = re.compile(r"^(seed|variation|episode)=[^/]*$")
 _SPLITS = {"train", "dev", "test"}
@@ -90,20 +94,21 @@ def phi_text(state: str, action: str) -> str:
 
 
 def point_payload(t: Transition, iteration: int, policy_version: int, seq: int) -> dict[str, Any]:
-    """The stored payload of a transition: its schema columns, metadata and derived filter fields."""
-    payload = {k: getattr(t, k) for k in TRANSITION_FIELDS}
-    payload["step"] = int(payload["step"])
-    payload["reward"] = float(payload["reward"])
-    actions = payload["admissible_actions"]
-    payload["admissible_actions"] = list(actions) if actions is not None else None
-    payload["env_family"] = env_family(t.env)
-    payload["task_family"] = task_family(t.task_id)
-    payload["iteration"] = int(iteration)
-    payload["policy_version"] = int(policy_version)
-    payload["seq"] = int(seq)
-    return payload
+    """The stored payload of a transition: filter fields and metadata as keys, the rest packed."""
+    rest = {k: getattr(t, k) for k in _BLOB_FIELDS}
+    rest["step"] = int(rest["step"])
+    rest["reward"] = float(rest["reward"])
+    if rest["admissible_actions"] is not None:
+        rest["admissible_actions"] = list(rest["admissible_actions"])
+    return {
+        "env": t.env, "env_family": env_family(t.env), "task_id": t.task_id, "task_family": task_family(t.task_id),
+        "source": t.source, "policy": t.policy, "iteration": int(iteration), "policy_version": int(policy_version),
+        "seq": int(seq), BLOB: json.dumps(rest, ensure_ascii=False, separators=(",", ":")),
+    }
 
 
 def payload_transition(payload: dict[str, Any]) -> Transition:
     """Rebuild the ``Transition`` a payload was made from."""
-    return Transition(**{k: payload.get(k) for k in TRANSITION_FIELDS})
+    fields = json.loads(payload[BLOB])
+    fields.update({k: payload[k] for k in ("env", "task_id", "source", "policy")})
+    return Transition(**fields)

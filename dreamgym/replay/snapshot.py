@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from dreamgym.data.transitions import TransitionWriter, iter_batches
 from dreamgym.errors import DataSchemaError, SnapshotError
-from dreamgym.replay.records import point_id, point_payload, shard_of
+from dreamgym.replay.records import payload_transition, point_id, point_payload, shard_of
 from dreamgym.types import Transition
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def write_part(buffer: ReplayBuffer, directory: str | Path, name: str, batch_siz
     rows = 0
     with TransitionWriter(tpath, optional=("valid",)) as tw, pq.ParquetWriter(mpath, schema, compression="zstd") as mw:
         for page in buffer.iter_points(batch_size=batch_size, with_vectors=True):
-            tw.write([_transition_row(p.payload) for p in page])
+            tw.write([payload_transition(p.payload) for p in page])
             vecs = np.stack([p.vector for p in page]).astype(np.float32)  # type: ignore[misc]
             mw.write_table(pa.table({
                 "id": [p.id for p in page],
@@ -83,12 +83,6 @@ def write_part(buffer: ReplayBuffer, directory: str | Path, name: str, batch_siz
             rows += len(page)
     return {"name": name, "shard": buffer.shard, "rows": rows,
             "files": {p.name: sha256_file(p) for p in (tpath, mpath)}}
-
-
-def _transition_row(payload: dict[str, Any]) -> dict[str, Any]:
-    from dreamgym.replay.records import TRANSITION_FIELDS
-
-    return {k: payload.get(k) for k in TRANSITION_FIELDS}
 
 
 def write_manifest(directory: str | Path, parts: list[dict[str, Any]], dim: int, encoder: str,

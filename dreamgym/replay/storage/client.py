@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dreamgym.errors import ReplayStorageUnavailableError
-from dreamgym.replay.filters import FILTER_FIELDS, Condition
+from dreamgym.replay.filters import FILTER_FIELDS, INDEXED_FIELDS, Condition
 from dreamgym.replay.storage.base import StoredPoint, VectorStore
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
@@ -80,9 +80,9 @@ class ClientStore(VectorStore):
         )
         if self.remote:  # local mode ignores payload indexes (and warns); a server needs them
             schema = {"keyword": models.PayloadSchemaType.KEYWORD, "integer": models.PayloadSchemaType.INTEGER}
-            for field, kind in FILTER_FIELDS.items():
-                if kind in schema and field != "step":
-                    self._client.create_payload_index(collection, field, field_schema=schema[kind], wait=True)
+            for field in INDEXED_FIELDS:
+                self._client.create_payload_index(collection, field, field_schema=schema[FILTER_FIELDS[field]],
+                                                  wait=True)
 
     # -- filters -------------------------------------------------------------------------------
     def _filter(self, conditions: Sequence[Condition], after_seq: int | None = None,

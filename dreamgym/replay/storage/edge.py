@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dreamgym.errors import ReplayStorageUnavailableError
-from dreamgym.replay.filters import FILTER_FIELDS, Condition
+from dreamgym.replay.filters import FILTER_FIELDS, INDEXED_FIELDS, Condition
 from dreamgym.replay.storage.base import StoredPoint, VectorStore
 
 #: How long to wait for the folder lock of a previous process that is still exiting (actor restarts).
@@ -47,19 +47,15 @@ class EdgeStore(VectorStore):
             # indexing_threshold=0 keeps segments plain (exact search); otherwise optimize() builds HNSW.
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=0 if index == "exact" else 10_000),
             max_search_threads=search_threads,
-            # Payload in RAM: a filtered search reads payload fields of many candidates.
-            payload_memory=qe.Memory.Cached,
         )
         if exists:
             self._shard = self._open(lambda: qe.EdgeShard.load(str(self.path), cfg))
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             self._shard = self._open(lambda: qe.EdgeShard.create(str(self.path), cfg))
-            for field, kind in FILTER_FIELDS.items():
-                if kind == "keyword":
-                    self._update(qe.UpdateOperation.create_field_index(field, qe.PayloadSchemaType.Keyword))
-                elif kind == "integer" and field != "step":
-                    self._update(qe.UpdateOperation.create_field_index(field, qe.PayloadSchemaType.Integer))
+            kinds = {"keyword": qe.PayloadSchemaType.Keyword, "integer": qe.PayloadSchemaType.Integer}
+            for field in INDEXED_FIELDS:
+                self._update(qe.UpdateOperation.create_field_index(field, kinds[FILTER_FIELDS[field]]))
 
     def _open(self, fn: Any) -> Any:
         deadline = time.monotonic() + LOCK_WAIT_S
