@@ -30,6 +30,13 @@ def _plt() -> Any:
     return plt
 
 
+def _integer_x(*axes: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _training_plot(iters: list[dict[str, Any]], out: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -47,6 +54,7 @@ def _training_plot(iters: list[dict[str, Any]], out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Training reward per iteration")
+    _integer_x(ax)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -91,6 +99,7 @@ def _curriculum_plot(iters: list[dict[str, Any]], out: Path) -> None:
     a2.legend(fontsize=7)
     a2.grid(alpha=0.3)
     fig.suptitle("Curriculum")
+    _integer_x(a1, a2)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
