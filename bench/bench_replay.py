@@ -181,13 +181,14 @@ def usefulness(buf: ReplayBuffer, held: list[Transition], hvecs: np.ndarray, sto
 
 
 def bench_size(n: int, ts: list[Transition], vecs: np.ndarray, held: list[Transition], hvecs: np.ndarray,
-               encoder: Encoder, tmp: Path, queries: int, local_queries: int, smallest: bool) -> dict[str, Any]:
+               encoder: Encoder, tmp: Path, queries: int, local_queries: int, smallest: bool,
+               skip_local: bool = False) -> dict[str, Any]:
     ts, vecs = ts[:n], vecs[:n]
     qv = [hvecs[i:i + 1] for i in range(min(queries, len(hvecs)))]
     out: dict[str, Any] = {"stored": n}
 
-    backends = [("edge", "edge", True), ("local_memory", "local", False)]
-    if smallest:
+    backends = [("edge", "edge", True)] + ([] if skip_local else [("local_memory", "local", False)])
+    if smallest and not skip_local:
         backends.append(("local_path", "local", True))
     exact_results = None
     for label, backend, on_disk in backends:
@@ -293,6 +294,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000])
     ap.add_argument("--shards", type=int, default=2, help="S for the sharded latency (also measured at 1)")
     ap.add_argument("--queries", type=int, default=300, help="held-out queries for latency and usefulness")
+    ap.add_argument("--skip-local", action="store_true", help="measure the edge backend only")
     ap.add_argument("--local-queries", type=int, default=20, help="queries for qdrant-client local mode (slow)")
     ap.add_argument("--e2e", type=int, default=1024, help="transitions embedded for the end-to-end add rate")
     ap.add_argument("--cache", default="/tmp/dreamgym-bench-replay-cache", help="vector cache folder")
@@ -328,7 +330,7 @@ def main() -> None:
         tmp = Path(tmpd)
         for i, n in enumerate(sorted(args.sizes)):
             result[f"n_{n}"] = bench_size(n, ts, vecs, held, hvecs, encoder, tmp, args.queries, args.local_queries,
-                                          smallest=i == 0)
+                                          smallest=i == 0, skip_local=args.skip_local)
         log("end-to-end add with embedding")
         result["e2e_add_with_embedding"] = e2e_add_rate(extra, tmp, args.e2e)
         start_ray()

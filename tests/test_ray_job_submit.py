@@ -81,6 +81,27 @@ def _ray(*args: str, env: dict[str, str]) -> str:
     return r.stdout + r.stderr
 
 
+def _wait_for_job(address: str, submitted: str, env: dict[str, str], timeout: float) -> str:
+    """Poll ``ray job status`` until the job ends; assert it succeeded and return its logs.
+
+    Ray 2.60 prints the end state in lower case ("Job 'raysubmit_x' succeeded"), older releases as
+    "SUCCEEDED": both are matched.
+    """
+    match = re.search(r"(raysubmit_\w+)", submitted)
+    assert match, submitted
+    job_id = match.group(1)
+    deadline = time.time() + timeout
+    status = ""
+    while time.time() < deadline:
+        status = _ray("job", "status", "--address", address, job_id, env=env)
+        if re.search(r"\b(succeeded|failed|stopped)\b", status, re.IGNORECASE):
+            break
+        time.sleep(3)
+    logs = _ray("job", "logs", "--address", address, job_id, env=env)
+    assert re.search(r"\bsucceeded\b", status, re.IGNORECASE), status[-1000:] + logs[-3000:]
+    return logs
+
+
 @pytest.mark.slow
 def test_collect_job_succeeds(ray_head, tmp_path) -> None:
     from dreamgym.data.transitions import summarise
@@ -91,18 +112,7 @@ def test_collect_job_succeeds(ray_head, tmp_path) -> None:
     submitted = _ray("job", "submit", "--no-wait", "--address", address, "--runtime-env-json", json.dumps(runtime_env),
                      "--", str(VENV_BIN / "dreamgym"), "collect", "--env", "twx:coin", "--episodes", "16",
                      "--out", str(out), "--run.out_dir", str(tmp_path / "runs"), env=env)
-    match = re.search(r"(raysubmit_\w+)", submitted)
-    assert match, submitted
-    job_id = match.group(1)
-    deadline = time.time() + 600
-    status = ""
-    while time.time() < deadline:
-        status = _ray("job", "status", "--address", address, job_id, env=env)
-        if re.search(r"\b(SUCCEEDED|FAILED|STOPPED)\b", status):
-            break
-        time.sleep(3)
-    logs = _ray("job", "logs", "--address", address, job_id, env=env)
-    assert "SUCCEEDED" in status, status[-1000:] + logs[-3000:]
+    logs = _wait_for_job(address, submitted, env, timeout=600)
     assert summarise(out)["episodes"] == 16
     # The job joined the cluster it was submitted to instead of starting a Ray of its own.
     assert "existing Ray session" in logs or "Ray cluster at" in logs, logs[-2000:]
@@ -121,18 +131,7 @@ def test_train_job_succeeds(ray_head, tmp_path) -> None:
     runtime_env = {"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}}
     submitted = _ray("job", "submit", "--no-wait", "--address", address, "--runtime-env-json", json.dumps(runtime_env),
                      "--", str(VENV_BIN / "dreamgym"), "train", str(tmp_path / "train.yaml"), env=env)
-    match = re.search(r"(raysubmit_\w+)", submitted)
-    assert match, submitted
-    job_id = match.group(1)
-    deadline = time.time() + 1500
-    status = ""
-    while time.time() < deadline:
-        status = _ray("job", "status", "--address", address, job_id, env=env)
-        if re.search(r"\b(SUCCEEDED|FAILED|STOPPED)\b", status):
-            break
-        time.sleep(3)
-    logs = _ray("job", "logs", "--address", address, job_id, env=env)
-    assert "SUCCEEDED" in status, status[-1000:] + logs[-3000:]
+    logs = _wait_for_job(address, submitted, env, timeout=1500)
     assert "existing Ray session" in logs or "Ray cluster at" in logs, logs[-2000:]
     (run_dir,) = (tmp_path / "runs").glob("t-train-*")
     summary = json.loads((run_dir / "summary.json").read_text())

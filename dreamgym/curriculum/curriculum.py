@@ -207,12 +207,13 @@ class Curriculum:
             valid.append((c, res))
         if not valid:
             return []
-        # Harder but feasible: the longest expert plan wins (ties: proposal order).
-        best = max(range(len(valid)), key=lambda i: (valid[i][1].expert_steps or 0, -i))
-        for i, (c, res) in enumerate(valid):
+        # Harder but feasible: the first harder candidate in (RNG-restored) proposal order, else the first
+        # new world. Not the expert plan's length: TextWorldExpress draws a new plan on every request.
+        best = min(range(len(valid)), key=lambda i: (not valid[i][0].harder, i))
+        for i, (c, _res) in enumerate(valid):
             if i != best:
                 self._reject(parent, "param", c.change, "not_selected",
-                             f"expert plan {res.expert_steps} steps; another candidate was harder")
+                             f"another candidate was selected ({valid[best][0].change})")
         c, res = valid[best]
         task = checked_task(c, res)
         detail = f"expert plan {res.expert_steps} steps" if res.expert_steps is not None else ""

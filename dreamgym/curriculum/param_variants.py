@@ -8,9 +8,11 @@ simplifications. ``propose_param_variants`` makes candidates, each one change in
 (one more location, more distractors, doors on, fewer simplifications) or a different world of the
 same size (a new seed / variation). ``EnvChecker`` resets each candidate in the real environment: the
 engine must accept the parameters (its refusal message becomes the rejection detail), and where the
-environment has an expert plan, the plan must exist and fit the step budget (feasible). The checked
-candidate with the longest expert plan is kept (harder but feasible); every generated task of this
-kind carries ``kind='param'``.
+environment has an expert plan, the plan must exist and fit the step budget (feasible). Of the checked
+candidates, the first harder one in proposal order is kept (harder but feasible), else the first new
+world. The expert plan's length does not rank them: TextWorldExpress draws a different plan for the
+same game on every request (2 to 27 steps for one 5-room coin game), so ranking by it would make the
+curriculum irreproducible and resume inexact. Every generated task of this kind carries ``kind='param'``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class ParamCandidate:
     task: Task
     change: str
     """What changed, e.g. ``numLocations 3->4`` or ``seed 7->4112``."""
+    harder: bool = True
+    """A step in the harder direction (``False``: a different world of the same size)."""
 
 
 def has_param_variants(env: str) -> bool:
@@ -86,7 +90,7 @@ def _twx_candidates(parent: Task, game: str, m: int, rng: random.Random) -> list
         tid = f"{parent.env}/{split}/seed={new_seed}/{params_string(params)}"
         task = Task(task_id=tid, env=parent.env, instruction="", origin="generated", kind="param",
                     params={"seed": new_seed, "split": split, **params})
-        return ParamCandidate(task, change)
+        return ParamCandidate(task, change, harder=new_seed == seed)
 
     moves: list[ParamCandidate] = []
     for key, step in TWX_HARDER:
@@ -121,7 +125,7 @@ def _sciworld_candidates(
         tid = f"{parent.env}/{split}/var={v}/{s or 'none'}"
         task = Task(task_id=tid, env=parent.env, instruction="", origin="generated", kind="param",
                     params={"variation": v, "split": split, "simplifications": s})
-        return ParamCandidate(task, change)
+        return ParamCandidate(task, change, harder=v == variation)
 
     moves = [make(variation, ",".join(p for p in parts if p != drop), f"simplification {drop} removed")
              for drop in SCIWORLD_DROPPABLE if drop in parts]

@@ -34,7 +34,7 @@ from dreamgym.replay.encoder import Encoder, normalise
 from dreamgym.replay.filters import Condition, Filters, parse_filters
 from dreamgym.replay.records import payload_transition, point_id, point_payload
 from dreamgym.replay.storage import StoredPoint, VectorStore, open_store
-from dreamgym.types import Demonstration, Trajectory, Transition
+from dreamgym.types import SOURCES, Demonstration, Trajectory, Transition
 
 if TYPE_CHECKING:
     from dreamgym.config import ReplayConfig
@@ -218,7 +218,8 @@ class ReplayBuffer:
     def conditions(self, filters: Filters | None) -> list[Condition]:
         """Checked filter conditions, with the default demonstration sources unless ``source`` is given."""
         conds = parse_filters(filters)
-        if not any(c.field == "source" for c in conds):
+        # A condition every point meets (all sources) is left out: it would only slow the search down.
+        if not any(c.field == "source" for c in conds) and not set(SOURCES) <= set(self.demo_sources):
             conds.append(Condition("source", "any", list(self.demo_sources)))
         return conds
 
@@ -247,15 +248,29 @@ class ReplayBuffer:
         # Extra candidates so that ties at the k-th place are settled by ``rank``, not by storage order.
         limit = k + TIE_MARGIN
         hits = self.store.search(v, limit, conditions, exact=self.exact, hnsw_ef=self.hnsw_ef)
+        out = []
         for i, row in enumerate(hits):
-            # Identical (s, a) with different outcomes are common (the same room in many seeds): when the
-            # tie runs past the candidates, widen this query until it ends (bounded by MAX_TIE_FETCH).
-            wider = limit
-            while len(row) == wider and _key(row[-1]) == _key(row[k - 1]) and wider < MAX_TIE_FETCH:
-                wider = min(wider * 4, MAX_TIE_FETCH)
-                row = self.store.search(v[i:i + 1], wider, conditions, exact=self.exact, hnsw_ef=self.hnsw_ef)[0]
-            hits[i] = row
-        return [rank([to_demonstration(p) for p in row], k) for row in hits]
+            if len(row) == limit and _key(row[-1]) == _key(row[k - 1]):
+                row = self._follow_tie(v[i:i + 1], k, conditions, row)
+            out.append([to_demonstration(p) for p in _top(row, k)])
+        return out
+
+    def _follow_tie(self, v: np.ndarray, k: int, conditions: list[Condition],
+                    row: list[StoredPoint]) -> list[StoredPoint]:
+        """Widen one query until the tie at the k-th place ends (bounded by ``MAX_TIE_FETCH``).
+
+        Identical (s, a) with different outcomes are common (the same room and move in many seeds). The
+        wider searches fetch ids and scores only; payloads are read for the k winners alone.
+        """
+        known = {p.id: p for p in row}
+        cand, wider = row, len(row)
+        while len(cand) == wider and _key(cand[-1]) == _key(cand[k - 1]) and wider < MAX_TIE_FETCH:
+            wider = min(wider * 4, MAX_TIE_FETCH)
+            cand = self.store.search(v, wider, conditions, exact=self.exact, hnsw_ef=self.hnsw_ef,
+                                     with_payload=False)[0]
+        top = _top(cand, k)
+        known.update({p.id: p for p in self.store.get([p.id for p in top if p.id not in known], with_vectors=False)})
+        return [StoredPoint(p.id, known[p.id].payload, score=p.score) for p in top]
 
     # -- reading -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -324,6 +339,11 @@ def rank(demos: Iterable[Demonstration], k: int) -> list[Demonstration]:
 
 def _key(p: StoredPoint) -> float:
     return round(p.score or 0.0, 6)
+
+
+def _top(points: Iterable[StoredPoint], k: int) -> list[StoredPoint]:
+    """``rank`` for stored points (before their payloads are decoded)."""
+    return sorted(points, key=lambda p: (-_key(p), p.id))[:k]
 
 
 def _version(t: Transition, policy_version: int | None) -> int:

@@ -65,8 +65,9 @@ class VectorStore(ABC):
 
     @abstractmethod
     def search(self, vectors: np.ndarray, k: int, conditions: Sequence[Condition], exact: bool,
-               hnsw_ef: int | None = None) -> list[list[StoredPoint]]:
-        """Top-``k`` points by dot product for each query row, among points matching all ``conditions``."""
+               hnsw_ef: int | None = None, with_payload: bool = True) -> list[list[StoredPoint]]:
+        """Top-``k`` points by dot product for each query row, among points matching all ``conditions``
+        (``with_payload=False``: ids and scores only, payloads empty)."""
 
     @abstractmethod
     def get(self, ids: Sequence[str], with_vectors: bool = True) -> list[StoredPoint]:

@@ -124,13 +124,14 @@ class ClientStore(VectorStore):
         return {str(r.id) for r in recs}
 
     def search(self, vectors: np.ndarray, k: int, conditions: Sequence[Condition], exact: bool,
-               hnsw_ef: int | None = None) -> list[list[StoredPoint]]:
+               hnsw_ef: int | None = None, with_payload: bool = True) -> list[list[StoredPoint]]:
         m = self._m
         v = self.check_vectors(vectors, "replay search")
         flt = self._filter(conditions)
         # Local mode always searches exactly (and warns about search params); a server honours them.
         params = m.SearchParams(exact=exact, hnsw_ef=None if exact else hnsw_ef) if self.remote else None
-        reqs = [m.QueryRequest(query=row, limit=k, filter=flt, params=params, with_payload=True) for row in v.tolist()]
+        reqs = [m.QueryRequest(query=row, limit=k, filter=flt, params=params, with_payload=with_payload)
+                for row in v.tolist()]
         results = self._client.query_batch_points(self.collection, requests=reqs)
         return [[self._point(p, False) for p in res.points] for res in results]
 

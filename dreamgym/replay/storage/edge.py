@@ -125,13 +125,13 @@ class EdgeStore(VectorStore):
         return {str(r.id) for r in self._shard.retrieve([uuid.UUID(i) for i in ids], False, False)}
 
     def search(self, vectors: np.ndarray, k: int, conditions: Sequence[Condition], exact: bool,
-               hnsw_ef: int | None = None) -> list[list[StoredPoint]]:
+               hnsw_ef: int | None = None, with_payload: bool = True) -> list[list[StoredPoint]]:
         qe = self._qe
         v = self.check_vectors(vectors, "replay search")
         flt = self._filter(conditions)
         params = qe.SearchParams(exact=exact, hnsw_ef=None if exact else hnsw_ef)
-        reqs = [qe.QueryRequest(limit=k, query=qe.Query.Nearest(row), filter=flt, params=params, with_payload=True)
-                for row in v.tolist()]
+        reqs = [qe.QueryRequest(limit=k, query=qe.Query.Nearest(row), filter=flt, params=params,
+                                with_payload=with_payload) for row in v.tolist()]
         if len(reqs) == 1:
             results = [self._shard.query(reqs[0])]
         else:
