@@ -32,6 +32,7 @@ import ray
 
 from actors.cluster import connect
 from actors.train_setup import (
+    STATUS_INTERVAL_S,
     Actors,
     check_resources,
     experience_sft,
@@ -110,8 +111,17 @@ class Run:
         chunks = [list(tasks[i::len(w)]) for i in range(len(w))]
         return [wk.run.remote(c, phase, temperature, seed) for wk, c in zip(w, chunks, strict=True) if c]
 
-    @staticmethod
-    def collect(refs: Sequence[ray.ObjectRef]) -> tuple[list[Trajectory], dict[str, Any]]:
+    def collect(self, refs: Sequence[ray.ObjectRef], iteration: int | str,
+                phase: str) -> tuple[list[Trajectory], dict[str, Any]]:
+        """Wait for the workers' episodes, with a status line every ``STATUS_INTERVAL_S`` (a synthetic
+        iteration on CPU takes minutes)."""
+        t0 = time.perf_counter()
+        while len(ray.wait(list(refs), num_returns=len(refs), timeout=STATUS_INTERVAL_S)[0]) < len(refs):
+            live = [p for p in ray.get([w.progress.remote() for w in self.a.workers]) if p["phase"] == phase]
+            done, total = sum(p["episodes"] for p in live), sum(p["tasks"] for p in live)
+            steps = sum(p["steps"] for p in live)
+            self.progress.line(iteration, phase, f"running: {done}/{total} episodes, {steps} steps "
+                                                 f"({time.perf_counter() - t0:.0f} s)")
         results = ray.get(list(refs))
         trajs = [t for tr, _ in results for t in tr]
         return trajs, _merge_stats([s for _, s in results])
@@ -122,10 +132,12 @@ class Run:
         tasks = repeat_tasks(self.eval_tasks, t.eval_episodes_per_task)
         t0 = time.perf_counter()
         if self.state.baseline is None:
-            _, base = self.collect(self.rollouts(tasks, "random", seed=self.cfg.run.seed))
+            refs = self.rollouts(tasks, "random", seed=self.cfg.run.seed)
+            _, base = self.collect(refs, self.state.iteration, "random")
             self.state.baseline = {k: base[k] for k in ("success_rate", "mean_reward", "episodes", "steps")}
             self.state.eval_transitions += int(base["steps"])
-        _, s = self.collect(self.rollouts(tasks, "eval", t.eval_temperature, seed=self.state.iteration))
+        _, s = self.collect(self.rollouts(tasks, "eval", t.eval_temperature, seed=self.state.iteration),
+                            self.state.iteration, "eval")
         self.state.eval_transitions += int(s["steps"])
         seconds = time.perf_counter() - t0
         self.state.add_phase("eval", seconds, int(s["episodes"]), int(s["steps"]))
@@ -177,7 +189,7 @@ class Run:
     def iterate(self, pending: dict[str, Any]) -> dict[str, Any] | None:
         cfg, st = self.cfg, self.state
         it, phase = pending["iteration"], pending["phase"]
-        trajs, s = self.collect(pending["refs"])
+        trajs, s = self.collect(pending["refs"], it + 1, phase)
         roll_s = time.perf_counter() - pending["t0"]
         st.add_phase(phase, roll_s, int(s["episodes"]), int(s["steps"]))
         if phase == "real":

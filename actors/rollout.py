@@ -26,7 +26,7 @@ import ray
 
 from dreamgym.config import DreamGymConfig
 from dreamgym.envs.registry import make_env
-from dreamgym.rollout import ActFn, random_valid_act, run_episodes
+from dreamgym.rollout import ActFn, RolloutStats, random_valid_act, run_episodes
 from dreamgym.types import ActionSample, AgentTurn, Task, Trajectory
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class RolloutWorker:
         self._reset_lock = threading.Lock()
         self.real_resets = 0
         self._experience: Any = None
+        self._live: dict[str, Any] = {"phase": None, "episodes": 0, "tasks": 0, "steps": 0}
 
     def ready(self) -> dict[str, Any]:
         return {"index": self.index, "envs": len(self.real), "engines": len(self.engines)}
@@ -154,9 +155,14 @@ class RolloutWorker:
             raise ValueError(f"unknown rollout phase {phase!r}")
         act = random_valid_act(seed) if phase == "random" else engines_act(self.engines, temperature)
         em_before = self._experience.stats.as_dict() if self._experience is not None else None
+        self._live = {"phase": phase, "episodes": 0, "tasks": len(tasks), "steps": 0}
+
+        def on_step(s: RolloutStats) -> None:
+            self._live = {"phase": phase, "episodes": s.episodes, "tasks": len(tasks), "steps": s.steps}
+
         trajs, stats = run_episodes(envs, tasks, act, source=source, threads=min(threads, len(envs)),
                                     policy_name="random" if phase == "random" else "policy",
-                                    episode_prefix=f"w{self.index}-{phase}-{seed}")
+                                    episode_prefix=f"w{self.index}-{phase}-{seed}", on_step=on_step)
         out: dict[str, Any] = stats.as_dict()
         if em_before is not None and phase == "synthetic":
             after = self._experience.stats.as_dict()
@@ -165,6 +171,11 @@ class RolloutWorker:
                 out[f"em_{key}"] = after[key] - em_before[key]
         out["real_resets"] = self.real_resets
         return trajs, out
+
+    @ray.method(concurrency_group="progress")
+    def progress(self) -> dict[str, Any]:
+        """Episodes and steps of the ``run`` in flight (answered while it runs: its own concurrency group)."""
+        return dict(self._live)
 
     def close(self) -> None:
         for env in self.real + (self.synthetic or []):
@@ -179,7 +190,8 @@ def create_rollout_workers(
     offline_data: str | None = None,
 ) -> list[ActorHandle]:
     """Start ``train.rollout_workers`` workers with ``train.rollout_num_cpus`` each; returns once all are up."""
-    cls = ray.remote(RolloutWorker).options(num_cpus=cfg.train.rollout_num_cpus, max_concurrency=1)
+    # ``progress`` answers in its own concurrency group while ``run`` holds the default one.
+    cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker).options(num_cpus=cfg.train.rollout_num_cpus)
     workers = [cls.remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
                for i in range(cfg.train.rollout_workers)]
     ray.get([w.ready.remote() for w in workers])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ import ray
 
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError
+
+#: Seconds between status lines while a long setup stage (the experience-model SFT) runs.
+STATUS_INTERVAL_S = 30.0
 
 
 @dataclass
@@ -158,10 +162,26 @@ def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Calla
     task = ray.remote(_experience_sft_task).options(num_cpus=cfg.train.learner_num_cpus,
                                                      num_gpus=cfg.train.learner_num_gpus,
                                                      runtime_env={"env_vars": env_vars})
-    s = ray.get(task.remote(c.model_dump(mode="json"), str(offline), str(out)))
+    ref = task.remote(c.model_dump(mode="json"), str(offline), str(out))
+    progress, total, t0 = run_dir / "experience_sft.jsonl", c.experience_model.train.max_steps, time.perf_counter()
+    # Minutes of CPU work: one status line per interval from the task's own progress file.
+    while not ray.wait([ref], timeout=STATUS_INTERVAL_S)[0]:
+        log(_sft_status(progress, total, time.perf_counter() - t0))
+    s = ray.get(ref)
     log(f"experience model fine-tuned on {s['examples']} offline transitions ({s['steps']} steps, loss "
         f"{s['loss_first']:.3f} -> {s['loss_last']:.3f}) in {s['train_seconds']:.0f} s")
     return out
+
+
+def _sft_status(progress: Path, total: int | None, elapsed: float) -> str:
+    """One line on the experience-model SFT so far, from the last record of its progress file."""
+    lines = progress.read_text().splitlines() if progress.is_file() else []
+    if not lines:
+        return f"experience model SFT: annotating and loading the base model ({elapsed:.0f} s)"
+    rec = json.loads(lines[-1])
+    steps = f"{rec['step']}/{total}" if total else str(rec["step"])
+    return (f"experience model SFT: step {steps}, loss {rec['loss']:.3f}, "
+            f"{rec.get('tokens_per_s', 0.0):.0f} tok/s ({elapsed:.0f} s)")
 
 
 # -- actors -----------------------------------------------------------------------------------------
