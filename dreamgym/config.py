@@ -442,7 +442,8 @@ class ExperienceTrainConfig(Section):
     """Longest prompt + reply in tokens; demonstrations are dropped (last first) until an example fits,
     and an example that still does not fit is skipped."""
     max_examples: int | None = Field(default=None, ge=1)
-    """Use at most this many examples (after deduplication; a seeded sample)."""
+    """Use at most this many examples (after deduplication; a seeded sample balanced over the outcome classes
+    (reward, done, success), so a short fine-tune sees rewarding and terminal steps)."""
     dedupe: bool = True
     """Drop examples whose prompt and target are identical to an earlier one."""
     step_budget: int | None = Field(default=20, ge=1)

@@ -95,6 +95,7 @@ def test_reply_format_round_trips() -> None:
     (VALID.replace("<reward>1</reward>", "<reward>nan</reward>"), "reward:not-a-number"),
     (VALID.replace("<done>true</done>", "<done>yes</done>"), "done:not-a-bool"),
     (VALID.replace("<done>true</done>", "<done>false</done>"), "success-without-done"),
+    (VALID.replace("<reward>1</reward>", "<reward>0</reward>"), "success-without-reward"),
     (VALID.replace("<next_state>You are in the kitchen.</next_state>", "<next_state>\n</next_state>"),
      "empty:<next_state>"),
     (VALID + "\nand then more", "trailing-text"),
@@ -472,3 +473,19 @@ def test_step_batch_steps_many_synthetic_envs_with_one_model_call(tmp_path: Path
     assert batches == [2]
     assert [r.success for r in results] == [True, False, False] and results[2].info["settled"]
     assert results[1].observation.state == HALL and not results[1].done
+
+
+def test_short_sft_samples_are_balanced_over_outcomes() -> None:
+    """A few dozen examples of agent data still contain the rare rewarding, terminal steps."""
+    import random
+
+    from learner.sft_experience import SFTExample, balanced_sample
+
+    outcomes = [(0.0, False, False)] * 88 + [(1.0, True, True)] * 10 + [(0.0, True, False)] * 2
+    examples = [SFTExample([i], [], [i]) for i in range(len(outcomes))]
+    picked = balanced_sample(examples, outcomes, 12, random.Random(0))
+    by_id = {ex.prompt_ids[0]: o for ex, o in zip(examples, outcomes, strict=True)}
+    got = [by_id[ex.prompt_ids[0]] for ex in picked]
+    assert len({ex.prompt_ids[0] for ex in picked}) == 12
+    assert got.count((1.0, True, True)) == 5 and got.count((0.0, True, False)) == 2
+    assert balanced_sample(examples, outcomes, 12, random.Random(0)) == picked

@@ -3,7 +3,9 @@
 A reply is valid only if it holds, in this order and once each, ``<think>`` (when reasoning is on),
 ``<next_state>``, ``<reward>``, ``<done>`` and ``<success>``, with nothing but whitespace around them;
 ``next_state`` (and the reasoning) non-empty; ``reward`` a finite number inside the reward range;
-``done`` and ``success`` literally ``true`` or ``false`` (any case); and ``success`` only with ``done``.
+``done`` and ``success`` literally ``true`` or ``false`` (any case); ``success`` only with ``done`` and with
+a reward above the range's minimum (every supported family pays for the step that completes the task; a
+model that predicts a success worth nothing would hand GRPO episodes that succeed without reward).
 The final ``</success>`` may be missing at the very end because generation stops on it.
 
 Anything else raises ``MalformedReply`` with a short machine-readable reason
@@ -107,4 +109,6 @@ def parse_reply(
     success = _bool("success", f["success"])
     if success and not done:
         raise MalformedReply("success-without-done")
+    if success and reward <= lo:
+        raise MalformedReply("success-without-reward", f"reward {reward}")
     return ParsedReply(reasoning=thought, next_state=next_state, reward=reward, done=done, success=success)
