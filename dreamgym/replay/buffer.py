@@ -334,16 +334,22 @@ def rank(demos: Iterable[Demonstration], k: int) -> list[Demonstration]:
     Scores are compared at 1e-6 (the same vectors scored by two segment layouts can differ in the last
     bits), ties by id: the top-k of one buffer then equals the merged top-k of its shards.
     """
-    return sorted(demos, key=lambda d: (-round(d.score, 6), d.id))[:k]
+    return sorted(demos, key=lambda d: _order(d.score, d.id))[:k]
+
+
+def _order(score: float | None, point_id: str) -> tuple[float, str]:
+    """The one total order of ``rank``: score at 1e-6, most similar first, then id."""
+    return -round(score or 0.0, 6), point_id
 
 
 def _key(p: StoredPoint) -> float:
-    return round(p.score or 0.0, 6)
+    """A stored point's score as ``rank`` compares it (ties at the k-th place are detected with it)."""
+    return -_order(p.score, p.id)[0]
 
 
 def _top(points: Iterable[StoredPoint], k: int) -> list[StoredPoint]:
     """``rank`` for stored points (before their payloads are decoded)."""
-    return sorted(points, key=lambda p: (-_key(p), p.id))[:k]
+    return sorted(points, key=lambda p: _order(p.score, p.id))[:k]
 
 
 def _version(t: Transition, policy_version: int | None) -> int:
