@@ -51,8 +51,8 @@ class ReplayShard:
                 "where": self.buffer.store.where, "dim": self.buffer.store.dim, "encoder": self.buffer.encoder.name}
 
     def add(self, transitions: list[Transition], vectors: np.ndarray | None, iteration: int,
-            policy_version: int | None) -> AddResult:
-        return self.buffer.add(transitions, vectors, iteration=iteration, policy_version=policy_version)
+            policy_version: int | None, ids: list[str] | None = None) -> AddResult:
+        return self.buffer.add(transitions, vectors, iteration=iteration, policy_version=policy_version, ids=ids)
 
     def encode(self, queries: list[tuple[str, str]]) -> np.ndarray:
         return self.buffer._encode(queries)
@@ -122,17 +122,25 @@ class ShardedReplayBuffer:
     def add(self, transitions: Sequence[Transition], vectors: np.ndarray | None = None, *, iteration: int = -1,
             policy_version: int | None = None) -> AddResult:
         """Route each transition to its shard and wait for every shard's acknowledgement."""
+        return self.add_async(transitions, vectors, iteration=iteration, policy_version=policy_version).result()
+
+    def add_async(self, transitions: Sequence[Transition], vectors: np.ndarray | None = None, *,
+                  iteration: int = -1, policy_version: int | None = None) -> PendingAdd:
+        """Send a write to the shards without waiting; it is acknowledged (durable) when ``.result()`` returns.
+
+        Seeding keeps a few of these in flight so that reading and hashing the next batch here overlaps
+        the shards' writes. Writes from one caller reach each shard in the order they were sent.
+        """
+        ids = [point_id(t) for t in transitions]
         groups: dict[int, list[int]] = {}
-        for i, t in enumerate(transitions):
-            groups.setdefault(shard_of(point_id(t), len(self.shards)), []).append(i)
+        for i, pid in enumerate(ids):
+            groups.setdefault(shard_of(pid, len(self.shards)), []).append(i)
         refs = []
         for s, idx in groups.items():
             vecs = None if vectors is None else np.asarray(vectors)[idx]
-            refs.append(self.shards[s].add.remote([transitions[i] for i in idx], vecs, iteration, policy_version))
-        total = AddResult()
-        for r in _get(refs):
-            total += r
-        return total
+            refs.append(self.shards[s].add.remote([transitions[i] for i in idx], vecs, iteration, policy_version,
+                                                  [ids[i] for i in idx]))
+        return PendingAdd(refs)
 
     def add_trajectory(self, trajectory: Trajectory, iteration: int = -1) -> AddResult:
         return self.add(trajectory.transitions, iteration=iteration, policy_version=trajectory.weight_version)
@@ -217,6 +225,19 @@ class ShardedReplayBuffer:
             if kill:
                 for s in self.shards:
                     ray.kill(s, no_restart=True)
+
+
+class PendingAdd:
+    """A write sent to the shards; ``result()`` waits for every shard's acknowledgement and sums them."""
+
+    def __init__(self, refs: list[Any]) -> None:
+        self.refs = refs
+
+    def result(self) -> AddResult:
+        total = AddResult()
+        for r in _get(self.refs):
+            total += r
+        return total
 
 
 def _get(refs: Any) -> Any:

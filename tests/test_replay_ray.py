@@ -140,10 +140,15 @@ def test_seed_replay_on_two_shards(ray_cluster, tmp_path, twx_parquet):
     from dreamgym.config import load_config
     from dreamgym.data.transitions import read_transitions
 
-    unique = len({point_id(r) for r in read_transitions(twx_parquet).to_pylist()})
-    cfg = load_config(None, {"replay": {"path": str(tmp_path / "r"), "shards": 2, "num_cpus": 0},
+    rows = read_transitions(twx_parquet).to_pylist()
+    unique = len({point_id(r) for r in rows})
+    # Small write batches: many of them in flight at once (seeding pipelines its writes to the shards).
+    cfg = load_config(None, {"replay": {"path": str(tmp_path / "r"), "shards": 2, "num_cpus": 0,
+                                        "write_batch_size": 16},
                              "run": {"out_dir": str(tmp_path / "runs")}})
     s = run_seed_replay(cfg, twx_parquet, progress=False)
+    assert len(rows) > 3 * 16
+    assert (s["rows"], s["stored"] + s["duplicates"]) == (len(rows), len(rows))
     assert (s["stored"], s["real"], s["shards"]) == (unique, unique, 2)
     # The shards closed; their folders reopen in this process with the same contents.
     total = 0

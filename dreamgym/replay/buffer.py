@@ -126,12 +126,14 @@ class ReplayBuffer:
 
     # -- writes ----------------------------------------------------------------------------------
     def add(self, transitions: Sequence[Transition], vectors: np.ndarray | None = None, *, iteration: int = -1,
-            policy_version: int | None = None) -> AddResult:
+            policy_version: int | None = None, ids: Sequence[str] | None = None) -> AddResult:
         """Store transitions (skipping invalid ones and exact duplicates); durable when it returns.
 
         ``vectors``: precomputed ``phi(s, a)`` rows, one per transition (else the encoder computes them).
         ``iteration``: the training iteration that produced them (``-1``: offline data).
         ``policy_version``: weight version of the policy (default: each transition's ``weight_version``).
+        ``ids``: their ``records.point_id``s when the caller has them already (the sharded client routes by
+        them), so they are not hashed twice.
         """
         res = AddResult()
         if vectors is not None:
@@ -142,32 +144,34 @@ class ReplayBuffer:
                     f"row of size {self.store.dim} per transition, or vectors=None to embed them here"
                 )
             self.store.check_vectors(vectors, "replay add")
+        if ids is not None and len(ids) != len(transitions):
+            raise ValueError(f"replay add: {len(ids)} ids for {len(transitions)} transitions")
         keep: list[int] = []
-        ids: list[str] = []
+        keep_ids: list[str] = []
         seen: set[str] = set()
         for i, t in enumerate(transitions):
             if not t.valid:
                 res.invalid += 1
                 continue
-            pid = point_id(t)
+            pid = ids[i] if ids is not None else point_id(t)
             if pid in seen:
                 res.duplicates += 1
                 continue
             seen.add(pid)
             keep.append(i)
-            ids.append(pid)
-        present = self.store.existing(ids)
+            keep_ids.append(pid)
+        present = self.store.existing(keep_ids)
         if present:
             res.duplicates += len(present)
-            keep = [i for i, pid in zip(keep, ids, strict=True) if pid not in present]
-            ids = [pid for pid in ids if pid not in present]
+            keep = [i for i, pid in zip(keep, keep_ids, strict=True) if pid not in present]
+            keep_ids = [pid for pid in keep_ids if pid not in present]
         if keep:
             new = [transitions[i] for i in keep]
             # Only new transitions are embedded: duplicates cost a hash, not a forward pass.
             vecs = normalise(vectors[keep]) if vectors is not None else self._encode([(t.state, t.action) for t in new])
             payloads = [point_payload(t, iteration, _version(t, policy_version), self._next_seq + j)
                         for j, t in enumerate(new)]
-            self._insert(ids, vecs, payloads)
+            self._insert(keep_ids, vecs, payloads)
             res.stored = len(new)
         res.evicted = self._evict()
         self._session += res

@@ -9,6 +9,8 @@ batch. The sink is anything with ``add(list[Transition]) -> AddResult``: a singl
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,8 +22,16 @@ from dreamgym.types import Transition
 _FIELDS = set(Transition.__dataclass_fields__)
 
 
+#: Batches a sink with ``add_async`` (the sharded buffer) may hold unacknowledged while the next is read.
+MAX_IN_FLIGHT = 2
+
+
 class ReplaySink(Protocol):
     def add(self, transitions: list[Transition]) -> AddResult: ...
+
+
+class Pending(Protocol):
+    def result(self) -> AddResult: ...
 
 
 @dataclass
@@ -44,18 +54,39 @@ def _transition(row: dict[str, object]) -> Transition:
 
 
 def seed_from_parquet(sink: ReplaySink, path: str | Path, batch_size: int = 1024, progress: bool = True) -> SeedReport:
-    """Add every row of a transitions file to ``sink``, with a tqdm progress bar (rows) when ``progress``."""
+    """Add every row of a transitions file to ``sink``, with a tqdm progress bar (rows) when ``progress``.
+
+    The bar counts acknowledged rows. A sink with ``add_async`` (the sharded buffer) gets up to
+    ``MAX_IN_FLIGHT`` batches at once, so its shards write while this process reads the next batch;
+    memory stays bounded by those batches.
+    """
     from tqdm import tqdm
 
     total = open_transitions(path).metadata.num_rows
+    submit: Callable[[list[Transition]], Pending] | None = getattr(sink, "add_async", None)
+    in_flight: deque[tuple[Pending, int]] = deque()
     result = AddResult()
     rows = 0
     t0 = time.perf_counter()
     with tqdm(total=total, unit="tr", desc=f"seeding {Path(path).name}", disable=not progress, smoothing=0.1) as bar:
+
+        def acknowledged(res: AddResult, n: int) -> None:
+            nonlocal result, rows
+            result += res
+            rows += n
+            bar.update(n)
+            bar.set_postfix(stored=result.stored, dup=result.duplicates, refresh=False)
+
         for batch in iter_batches(path, batch_size):
             transitions = [_transition(r) for r in batch.to_pylist()]
-            result += sink.add(transitions)
-            rows += len(transitions)
-            bar.update(len(transitions))
-            bar.set_postfix(stored=result.stored, dup=result.duplicates, refresh=False)
+            if submit is None:
+                acknowledged(sink.add(transitions), len(transitions))
+                continue
+            in_flight.append((submit(transitions), len(transitions)))
+            while len(in_flight) > MAX_IN_FLIGHT:
+                pending, n = in_flight.popleft()
+                acknowledged(pending.result(), n)
+        while in_flight:
+            pending, n = in_flight.popleft()
+            acknowledged(pending.result(), n)
     return SeedReport(str(path), rows, result, time.perf_counter() - t0)
