@@ -280,9 +280,10 @@ class ReplayConfig(Section):
     """Most synthetic transitions a shard keeps; beyond it the oldest are evicted first (FIFO). Real
     transitions are never evicted."""
     index: Literal["exact", "hnsw"] = "exact"
-    """Vector index. ``exact``: brute-force top-k (recall 1; measured p50 within 20 ms at 100k points per
-    shard on 2 cores); ``hnsw``: an approximate graph index for larger shards (built after seeding and
-    restores on embedded backends, in the background on a server)."""
+    """Vector index. ``exact``: brute-force top-k (recall 1; measured at 100k points in one shard on 2 cores:
+    p50 15 ms, 50 ms with an ``env`` filter); ``hnsw``: an approximate graph index for larger shards (built
+    after seeding and restores on embedded backends, in the background on a server; at 100k: p50 2 ms,
+    recall@8 1.0, 29 s to build)."""
     hnsw_m: int = Field(default=16, ge=4)
     """HNSW edges per node."""
     hnsw_ef_construct: int = Field(default=100, ge=4)
