@@ -55,8 +55,10 @@ def _wait_all(refs: dict[Any, str], version: int, timeout_s: float, budget_s: fl
     if failed:
         raise WeightSyncError([n for n, _ in failed], version, "; ".join(f"{n}: {m}" for n, m in failed))
     if pending:
-        for r in pending:
-            ray.cancel(r)  # best effort; an actor task already running keeps running
+        # The late loads are left to finish in each engine's order, not ray.cancel'ed: cancelling an actor
+        # task still queued on this side leaves a gap in this caller's sequence numbers, and the engine
+        # then stalls for Ray's 30 s reorder wait and fails every queued call (seen in CI). An engine that
+        # finishes a late load serves and tags its samples with the new version, so nothing is mislabelled.
         budget = timeout_s if budget_s is None else budget_s
         raise WeightSyncError([refs[r] for r in pending], version, f"no answer within the {budget:.3g} s timeout")
     return results
