@@ -3,7 +3,8 @@
 The seam is one small ABC, ``WeightSync.push(weights, version)``: when it returns, every engine
 serves ``version`` and every sample it produces from then on carries that version. A push that
 fails or does not finish within its timeout raises ``WeightSyncError`` naming the engine(s) and
-the version; it never hangs.
+the version; it never hangs. A load that missed the timeout is not cancelled: an engine may still
+finish it later, and from then on serves (and tags its samples with) that version.
 
 Implementations:
 
