@@ -54,6 +54,7 @@ from dreamgym.data.transitions import iter_batches
 from dreamgym.replay.buffer import ReplayBuffer
 from dreamgym.replay.encoder import Encoder
 from dreamgym.replay.records import point_id, point_payload
+from dreamgym.replay.seed import acknowledged_adds
 from dreamgym.types import Transition
 
 K = 8
@@ -126,21 +127,10 @@ def timed_queries(fn: Any, queries: list[Any]) -> dict[str, float]:
 
 def fill(buf: Any, ts: list[Transition], vecs: np.ndarray, batch: int = 2048) -> float:
     """Seconds to add ``ts`` with their vectors; the sharded buffer gets its writes pipelined as in seeding."""
-    from collections import deque
-
-    from dreamgym.replay.seed import MAX_IN_FLIGHT
-
     t = time.perf_counter()
-    in_flight: deque[Any] = deque()
-    for i in range(0, len(ts), batch):
-        if hasattr(buf, "add_async"):
-            in_flight.append(buf.add_async(ts[i:i + batch], vecs[i:i + batch]))
-            while len(in_flight) > MAX_IN_FLIGHT:
-                in_flight.popleft().result()
-        else:
-            buf.add(ts[i:i + batch], vecs[i:i + batch])
-    while in_flight:
-        in_flight.popleft().result()
+    batches = ((ts[i:i + batch], vecs[i:i + batch]) for i in range(0, len(ts), batch))
+    for _ in acknowledged_adds(buf, batches):
+        pass
     return time.perf_counter() - t
 
 
