@@ -1,30 +1,23 @@
 """``dreamgym train``: the DreamGym loop on Ray.
 
-One iteration ``t`` (the paper's Algorithm 1, with GRPO)::
+``Run.iterate`` is one iteration of the paper's Algorithm 1 (with GRPO); its docstring lists the six lines.
+Where each iteration trains (``synthetic``, ``real`` or ``s2r``: synthesis first, then the real environment
+within ``train.real_budget`` real transitions) is ``dreamgym.schedule``. With ``train.max_staleness >= 1``
+the rollouts of ``t+1`` are launched before the learner step of ``t`` (they overlap it and may sample with
+weights one version old; groups staler than the bound are dropped and counted). The real environment
+evaluates the policy on a fixed held-out task set before training, every ``train.eval.every`` iterations
+and at the end, always beside the random-valid-action baseline on the same tasks, with the real
+transitions spent so far.
 
-    tasks    = curriculum.select()                     # B tasks, high reward variance V_tau first
-    groups   = rollouts(tasks x n, env)                # env: experience model (synthetic) or real
-    replay.add(valid transitions of the groups)        # the buffer grows with the policy's experience
-    learner.step(groups)  -> weights v+1               # GRPO, group-relative advantages
-    sync(weights v+1 -> every policy engine)           # the next rollouts sample from v+1
-    curriculum.step(groups)                            # V_tau per task, task generation
-
-Modes (one loop, another environment): ``synthetic`` (DreamGym), ``real`` (GRPO in the real environment,
-the baseline) and ``s2r`` (``train.synthetic_iterations`` in synthesis, then real within
-``train.real_budget`` real transitions). With ``train.max_staleness >= 1`` the rollouts of ``t+1`` are
-launched before the learner step of ``t`` (they overlap it and may sample with weights one version old;
-groups staler than the bound are dropped and counted). The real environment evaluates the policy on a
-fixed held-out task set before training, every ``train.eval_every`` iterations and at the end, always
-beside the random-valid-action baseline on the same tasks, with the real transitions spent so far.
-
-Setup (offline data, replay seeding, actors, warm start) is ``actors.train_setup``; the counters and
-checkpoints ``dreamgym.train_state``; the report ``dreamgym.report``.
+Setup (offline data, replay seeding, actors, warm start) is ``actors.train_setup``; the counters, the
+iteration log and checkpoints ``dreamgym.train_state``; the report ``dreamgym.report``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +33,23 @@ from actors.train_setup import (
     offline_data,
     seed_replay,
     start_actors,
-    uses_synthetic,
     warm_start,
 )
 from dreamgym.config import DreamGymConfig, load_config, save_config
 from dreamgym.errors import ConfigError
 from dreamgym.progress import MetricSinks, Progress
-from dreamgym.rollout import RolloutStats, group_stats, group_trajectories, is_valid, repeat_tasks
+from dreamgym.rollout import (
+    RolloutStats,
+    group_stats,
+    group_trajectories,
+    is_valid,
+    repeat_tasks,
+    split_stale,
+)
 from dreamgym.runs import MetricsLog, create_run_dir
+from dreamgym.schedule import Schedule, TrainingPhase
 from dreamgym.train_state import (
+    IterationLog,
     TrainState,
     checkpoint_dir,
     latest_run_checkpoint,
@@ -59,12 +60,19 @@ from dreamgym.train_state import (
 from dreamgym.types import Group, Task, Trajectory
 
 
-def phase_of(cfg: DreamGymConfig, iteration: int) -> str:
-    """``synthetic`` or ``real``: where iteration ``iteration`` (0-based) trains."""
-    t = cfg.train
-    if t.mode == "s2r":
-        return "synthetic" if iteration < t.synthetic_iterations else "real"
-    return t.mode
+@dataclass
+class Launched:
+    """An iteration whose rollouts are running: its tasks, phase and the workers' result refs."""
+
+    iteration: int
+    """0-based index of the iteration."""
+    phase: TrainingPhase
+    tasks: list[Task]
+    refs: list[ray.ObjectRef]
+    started: float
+    """``time.perf_counter()`` at launch (the rollout phase runs from here to its collection)."""
+    skipped_llm_tasks: int = 0
+    """Text-only task variants left out of a real iteration (``Schedule.trainable_tasks``)."""
 
 
 def _merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -85,11 +93,12 @@ class Run:
 
     def __init__(self, cfg: DreamGymConfig, run_dir: Path, state: TrainState, resumed_from: Path | None) -> None:
         self.cfg = cfg
+        self.schedule = Schedule.from_config(cfg.train)
         self.run_dir = run_dir
         self.state = state
         self.resumed_from = resumed_from
         self.metrics = MetricsLog(run_dir)
-        self.progress = Progress(cfg.train.progress, cfg.train.iterations)
+        self.progress = Progress(cfg.train.report.progress, cfg.train.iterations)
         self.sinks: MetricSinks | None = None
         self.a = Actors()
         self.t_session = time.time()
@@ -129,14 +138,14 @@ class Run:
     # -- evaluation ------------------------------------------------------------------------------------
     def evaluate(self, label: str) -> None:
         t = self.cfg.train
-        tasks = repeat_tasks(self.eval_tasks, t.eval_episodes_per_task)
+        tasks = repeat_tasks(self.eval_tasks, t.eval.episodes_per_task)
         t0 = time.perf_counter()
         if self.state.baseline is None:
             refs = self.rollouts(tasks, "random", seed=self.cfg.run.seed)
             _, base = self.collect(refs, self.state.iteration, "random")
             self.state.baseline = {k: base[k] for k in ("success_rate", "mean_reward", "episodes", "steps")}
             self.state.eval_transitions += int(base["steps"])
-        _, s = self.collect(self.rollouts(tasks, "eval", t.eval_temperature, seed=self.state.iteration),
+        _, s = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
                             self.state.iteration, "eval")
         self.state.eval_transitions += int(s["steps"])
         seconds = time.perf_counter() - t0
@@ -167,82 +176,91 @@ class Run:
         self.record("checkpoint", self.state.iteration, path=str(d), seconds=time.perf_counter() - t0)
 
     # -- the loop ------------------------------------------------------------------------------------------
-    def budget_left(self) -> bool:
-        b = self.cfg.train.real_budget
-        return b is None or self.state.real_transitions < b
-
     def can_launch(self, iteration: int) -> bool:
-        return iteration < self.cfg.train.iterations and (phase_of(self.cfg, iteration) != "real" or self.budget_left())
+        return self.schedule.can_launch(iteration, self.state.real_transitions)
 
-    def launch(self, iteration: int) -> dict[str, Any]:
-        phase = phase_of(self.cfg, iteration)
-        tasks = ray.get(self.a.curriculum.select.remote())
-        skipped = 0
-        if phase == "real":  # text-only variants have no real game of their own: they train in synthesis only
-            kept = [t for t in tasks if t.kind != "llm"]
-            skipped, tasks = len(tasks) - len(kept), kept
-        n = self.cfg.learner.group_size
-        refs = self.rollouts(repeat_tasks(tasks, n), phase, seed=iteration)
-        return {"iteration": iteration, "phase": phase, "tasks": tasks, "refs": refs, "t0": time.perf_counter(),
-                "skipped_llm_tasks": skipped}
+    def launch(self, iteration: int) -> Launched:
+        """``tasks = curriculum.select()`` and their rollouts, ``n`` episodes per task (one GRPO group each)."""
+        phase = self.schedule.phase(iteration)
+        tasks, skipped = self.schedule.trainable_tasks(ray.get(self.a.curriculum.select.remote()), phase)
+        refs = self.rollouts(repeat_tasks(tasks, self.cfg.learner.group_size), phase, seed=iteration)
+        return Launched(iteration, phase, tasks, refs, time.perf_counter(), skipped)
 
-    def iterate(self, pending: dict[str, Any]) -> dict[str, Any] | None:
-        cfg, st = self.cfg, self.state
-        it, phase = pending["iteration"], pending["phase"]
-        trajs, s = self.collect(pending["refs"], it + 1, phase)
-        roll_s = time.perf_counter() - pending["t0"]
-        st.add_phase(phase, roll_s, int(s["episodes"]), int(s["steps"]))
+    def iterate(self, launched: Launched) -> Launched | None:
+        """Finish iteration ``t`` (the paper's Algorithm 1, one GRPO step) and return iteration ``t+1``, launched::
+
+            groups = rollouts(tasks x n, env)          # launched by ``launch``, collected here
+            replay.add(valid transitions of groups)    # the buffer grows with the policy's experience
+            learner.step(groups) -> weights v+1        # GRPO, group-relative advantages
+            sync(weights v+1 -> every policy engine)   # the next rollouts sample from v+1
+            curriculum.step(groups)                    # reward variance V_tau per task, task generation
+            tasks = curriculum.select()                # ``launch`` of t+1 (before the learner step when
+                                                       # ``train.max_staleness >= 1``)
+        """
+        st, log = self.state, IterationLog(self.state)
+        trajs, groups, fresh = self.collect_groups(launched, log)
+        nxt = self.launch(launched.iteration + 1) if self.overlaps_next(launched.iteration + 1) else None
+        with log.timed("replay"):
+            added = self.a.replay.add([tr for t in trajs if is_valid(t) for tr in t.transitions],
+                                      iteration=launched.iteration)
+        with log.timed("learner"):
+            lm = ray.get(self.a.learner.step.remote(fresh))
+        sync: dict[str, Any] = {}
+        if not lm.get("skipped"):
+            st.learner_steps += 1
+            with log.timed("sync"):
+                sync = ray.get(self.a.learner.sync.remote(self.a.engines))
+        cm = ray.get(self.a.curriculum.step.remote(groups))
+        st.iteration = launched.iteration + 1
+        log.note(learner=lm, sync=sync, replay=added.to_dict(),
+                 curriculum={k: v for k, v in cm.items() if not isinstance(v, list)})
+        self.end_iteration(log, cm)
+        if nxt is None and self.can_launch(st.iteration):
+            nxt = self.launch(st.iteration)
+        return nxt
+
+    def overlaps_next(self, iteration: int) -> bool:
+        """Bounded staleness: with ``train.max_staleness >= 1`` the rollouts of ``t+1`` sample while the
+        learner steps on ``t``'s groups."""
+        return self.cfg.train.max_staleness >= 1 and self.can_launch(iteration)
+
+    def collect_groups(self, launched: Launched, log: IterationLog) -> tuple[list[Trajectory], list[Group],
+                                                                            list[Group]]:
+        """The iteration's trajectories, its GRPO groups, and the groups fresh enough to learn from."""
+        st, phase = self.state, launched.phase
+        trajs, s = self.collect(launched.refs, launched.iteration + 1, phase)
+        log.add(phase, time.perf_counter() - launched.started, int(s["episodes"]), int(s["steps"]))
         if phase == "real":
             st.real_transitions += int(s["steps"])
         else:
             st.synthetic_transitions += int(s["steps"])
             st.invalid_transitions += int(s["invalid_transitions"])
         st.real_resets = max(st.real_resets, int(s["real_resets"]))
-        self.progress.rollouts(it + 1, phase, s, st.real_transitions, cfg.train.real_budget)
-        nxt = None
-        if cfg.train.max_staleness >= 1 and self.can_launch(it + 1):
-            nxt = self.launch(it + 1)  # overlaps the learner step below (bounded staleness)
+        self.progress.rollouts(launched.iteration + 1, phase, s, st.real_transitions, self.cfg.train.real_budget)
         groups, left_out = group_trajectories(trajs, min_size=2)
         version = int(ray.get(self.a.learner.version.remote()))
-        fresh = [g for g in groups if version - min(t.weight_version for t in g.trajectories)
-                 <= cfg.train.max_staleness]
-        stale = len(groups) - len(fresh)
-        t0 = time.perf_counter()
-        added = self.a.replay.add([tr for t in trajs if is_valid(t) for tr in t.transitions], iteration=it)
-        st.add_phase("replay", time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        lm = ray.get(self.a.learner.step.remote(fresh))
-        st.add_phase("learner", time.perf_counter() - t0)
-        sync: dict[str, Any] = {}
-        if not lm.get("skipped"):
-            st.learner_steps += 1
-            t0 = time.perf_counter()
-            sync = ray.get(self.a.learner.sync.remote(self.a.engines))
-            st.add_phase("sync", time.perf_counter() - t0)
-        cm = ray.get(self.a.curriculum.step.remote(groups))
-        st.iteration = it + 1
-        gs = group_stats(groups)
+        fresh, stale = split_stale(groups, version, self.cfg.train.max_staleness)
+        log.note(phase=phase, rollout=s, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
+                 rollout_seconds=log.seconds[phase], skipped_llm_tasks=launched.skipped_llm_tasks,
+                 tasks=[t.task_id for t in launched.tasks])
+        return trajs, groups, fresh
+
+    def end_iteration(self, log: IterationLog, curriculum: dict[str, Any]) -> None:
+        """The iteration's status line and metrics record; then evaluation and checkpoint when they are due."""
+        st, t, r = self.state, self.cfg.train, log.fields
+        lm, sync, gs = r["learner"], r["sync"], r["groups"]
         self.progress.line(st.iteration, "learner",
                            f"{int(gs['groups'])} groups ({int(gs['mixed_groups'])} with reward variance, "
-                           f"{stale} stale, {left_out} invalid episodes left out) | loss {lm.get('loss', 0):.4f} "
-                           f"{lm.get('tokens_per_s', 0):.0f} tok/s {lm.get('seconds', 0):.0f} s | weights "
-                           f"v{int(lm['version'])} synced in {sync.get('seconds', 0):.1f} s | "
-                           f"pool {cm.get('pool_size')}")
-        self.record("iteration", st.iteration, phase=phase, rollout=s, groups=gs, stale_groups=stale,
-                    left_out=left_out, learner=lm, sync=sync, replay=added.to_dict(),
-                    curriculum={k: v for k, v in cm.items() if not isinstance(v, list)},
-                    real_transitions=st.real_transitions, synthetic_transitions=st.synthetic_transitions,
-                    rollout_seconds=roll_s, skipped_llm_tasks=pending["skipped_llm_tasks"],
-                    tasks=[t.task_id for t in pending["tasks"]])
-        k = cfg.train.eval_every
-        if k and st.iteration % k == 0 and st.iteration < cfg.train.iterations:
+                           f"{r['stale_groups']} stale, {r['left_out']} invalid episodes left out) | loss "
+                           f"{lm.get('loss', 0):.4f} {lm.get('tokens_per_s', 0):.0f} tok/s {lm.get('seconds', 0):.0f} s"
+                           f" | weights v{int(lm['version'])} synced in {sync.get('seconds', 0):.1f} s | "
+                           f"pool {curriculum.get('pool_size')}")
+        self.record("iteration", st.iteration, **log.record(), real_transitions=st.real_transitions,
+                    synthetic_transitions=st.synthetic_transitions)
+        if t.eval.every and st.iteration % t.eval.every == 0 and st.iteration < t.iterations:
             self.evaluate(f"iteration {st.iteration}")
-        c = cfg.train.checkpoint_every
-        if c and st.iteration % c == 0:
+        if t.checkpoint_every and st.iteration % t.checkpoint_every == 0:
             self.checkpoint()
-        if nxt is None and self.can_launch(st.iteration):
-            nxt = self.launch(st.iteration)
-        return nxt
 
     def execute(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
@@ -250,7 +268,7 @@ class Run:
         where = connect(cfg.ray)
         self.say(f"run directory {self.run_dir} ({where}); mode {cfg.train.mode}, "
                  f"{'resuming at iteration ' + str(st.iteration) if self.resumed_from else 'fresh start'}")
-        self.sinks = MetricSinks(self.run_dir, cfg.train.tensorboard, cfg.model_dump(mode="json"),
+        self.sinks = MetricSinks(self.run_dir, cfg.train.report.tensorboard, cfg.model_dump(mode="json"),
                                  resume=self.resumed_from is not None)
         check_resources(cfg)  # before any work: a run that cannot place its actors fails now
         t0 = time.perf_counter()
@@ -259,13 +277,13 @@ class Run:
             from dreamgym.data.transitions import open_transitions
 
             st.offline_transitions = int(open_transitions(offline).metadata.num_rows)
-        if cfg.train.experience_sft and uses_synthetic(cfg) and cfg.experience_model.backend == "ray":
+        if cfg.train.experience_sft and self.schedule.uses_synthetic and cfg.experience_model.backend == "ray":
             t1 = time.perf_counter()
             cfg.experience_model.model = str(experience_sft(cfg, offline, self.run_dir, self.say))
             st.add_phase("experience_sft", time.perf_counter() - t1)
             t0 += time.perf_counter() - t1
         gold = None
-        if cfg.train.warm_start == "sft" and not st.warm_started:
+        if cfg.train.warm_start.method == "sft" and not st.warm_started:
             gold = gold_for_warm_start(cfg, offline, self.run_dir)
         curriculum_state = None
         if self.resumed_from is not None:
@@ -279,7 +297,7 @@ class Run:
             self.record("replay_seed", st.iteration, **rep)
         if not self.eval_tasks:
             t = cfg.train
-            self.eval_tasks = ray.get(self.a.workers[0].tasks.remote(t.eval_tasks, t.eval_first_seed, t.eval_split))
+            self.eval_tasks = ray.get(self.a.workers[0].tasks.remote(t.eval.tasks, t.eval.first_seed, t.eval.split))
             st.eval_tasks = [x.to_dict() for x in self.eval_tasks]
         st.add_phase("setup", time.perf_counter() - t0)
         if gold is not None:
@@ -293,12 +311,12 @@ class Run:
             rep = ray.get(self.a.learner.sync.remote(self.a.engines))
             st.add_phase("sync", time.perf_counter() - t0)
             self.say(f"engines serve weights v{rep['version']} ({rep['seconds']:.1f} s)", "sync")
-        if cfg.train.eval_at_start and not st.evals:
+        if cfg.train.eval.at_start and not st.evals:
             self.evaluate("start")
-        pending = self.launch(st.iteration) if self.can_launch(st.iteration) else None
-        while pending is not None:
-            pending = self.iterate(pending)
-        if not self.budget_left():
+        launched = self.launch(st.iteration) if self.can_launch(st.iteration) else None
+        while launched is not None:
+            launched = self.iterate(launched)
+        if not self.schedule.budget_left(st.real_transitions):
             self.say(f"real-transition budget spent ({st.real_transitions}/{cfg.train.real_budget})", "s2r")
         if not st.evals or st.evals[-1]["iteration"] != st.iteration:
             self.evaluate("final")
@@ -362,11 +380,11 @@ def run_train(cfg: DreamGymConfig | None = None, resume: str | Path | None = Non
         summary = run.execute()
     finally:
         run.close()
-    if cfg.train.report:
+    if cfg.train.report.markdown:
         from dreamgym.report import write_report
 
         summary["report"] = str(write_report(run_dir))
     return summary
 
 
-__all__ = ["Group", "Run", "Trajectory", "phase_of", "run_train", "uses_synthetic"]
+__all__ = ["Launched", "Run", "run_train"]

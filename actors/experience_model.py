@@ -86,7 +86,7 @@ def start_replicas(
     for i in range(n):
         opts = engine_options(cfg.model_copy(update={"replicas": n}), path, i)
         options: dict[str, Any] = {
-            "num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus,
+            "num_cpus": cfg.engine.num_cpus, "num_gpus": cfg.engine.gpus(),
             "runtime_env": {"env_vars": engine_env(opts)}, "max_concurrency": 1000,
         }
         if name_prefix:

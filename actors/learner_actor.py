@@ -6,7 +6,7 @@ on CPU, NCCL on GPU) over the engine handles and pushes ``Learner.sync_weights()
 version. Checkpoints go to ``<run>/checkpoints/step-NNNNNN`` (``learner.checkpoint``); the driver
 writes its own state beside them.
 
-Placement: ``train.learner_num_cpus`` / ``train.learner_num_gpus`` and, with ``train.colocate``, a bundle
+Placement: ``learner.num_cpus`` / ``learner.num_gpus`` and, with ``train.colocate``, a bundle
 of the placement group the policy engines share (same node).
 """
 
@@ -35,7 +35,7 @@ class LearnerActor:
         from learner.learner import Learner
 
         self.cfg = DreamGymConfig.model_validate(cfg)
-        torch.set_num_threads(self.cfg.train.learner_threads)
+        torch.set_num_threads(self.cfg.learner.threads)
         if checkpoint:
             self.learner = Learner.from_checkpoint(self.cfg.learner, checkpoint,
                                                    temperature=self.cfg.policy.temperature)
@@ -109,11 +109,11 @@ class LearnerActor:
 
 def create_learner(cfg: DreamGymConfig, checkpoint: str | Path | None = None,
                    placement: dict[str, Any] | None = None) -> ActorHandle:
-    """Start the learner actor with ``train.learner_num_cpus`` / ``learner_num_gpus``; returns once it is built."""
-    t = cfg.train
-    env_vars = {"OMP_NUM_THREADS": str(t.learner_threads), "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    """Start the learner actor with ``learner.num_cpus`` / ``learner.num_gpus``; returns once it is built."""
+    t = cfg.learner
+    env_vars = {"OMP_NUM_THREADS": str(t.threads), "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
                 "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    opts: dict[str, Any] = {"num_cpus": t.learner_num_cpus, "num_gpus": t.learner_num_gpus,
+    opts: dict[str, Any] = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus,
                             "runtime_env": {"env_vars": env_vars}, "max_concurrency": 1}
     if placement:
         opts.update(placement)

@@ -111,20 +111,23 @@ def create_policy_engines(
 ) -> list[ActorHandle]:
     """Start ``num_engines`` (default ``cfg.num_engines``) engine actors; returns once all are ready."""
     count = num_engines or cfg.num_engines
-    env = engine_env(cfg.device, cfg.omp_threads)
+    env = engine_env(cfg.engine.device, cfg.engine.omp_threads)
     handles = []
     for i in range(count):
         env_i = dict(env)
-        if cfg.device == "cpu" and count > 1:
+        binds = cfg.engine.cpu_binds
+        if cfg.engine.device == "cpu" and binds:
+            env_i["VLLM_CPU_OMP_THREADS_BIND"] = binds[i % len(binds)]
+        elif cfg.engine.device == "cpu" and count > 1:
             # vLLM's automatic binding pins every engine of a node to the same cores; let the OS place them.
             env_i["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         options: dict[str, Any] = {
-            "num_cpus": cfg.num_cpus,
+            "num_cpus": cfg.engine.num_cpus,
             "runtime_env": {"env_vars": env_i},
             "max_concurrency": 1,
         }
-        if cfg.device == "cuda":
-            options["num_gpus"] = 1
+        if cfg.engine.device == "cuda":
+            options["num_gpus"] = cfg.engine.num_gpus
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
         actor_cls = ray.remote(PolicyEngine).options(**options)

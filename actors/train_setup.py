@@ -7,8 +7,8 @@ Everything here runs before the first iteration (or again on ``--resume``, skipp
    seeded with the offline data once;
 3. the actors, each with the resources its config section names: policy engines (``policy.*``),
    experience-model replicas (``experience_model.*``, synthetic modes only), the learner
-   (``train.learner_*``), the curriculum (with text generation through the replicas) and the rollout
-   workers (``train.rollout_*``). ``train.colocate`` packs the learner and the engines in one placement
+   (``learner.num_cpus``/``num_gpus``), the curriculum (with text generation through the replicas) and the rollout
+   workers (``train.rollout.*``). ``train.colocate`` packs the learner and the engines in one placement
    group. A cluster without the CPUs/GPUs all of them ask for fails here, naming the numbers.
 4. the warm start: behaviour cloning on the offline gold episodes (``learner.bc``).
 """
@@ -29,6 +29,7 @@ import ray
 
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError
+from dreamgym.schedule import Schedule
 
 #: Seconds between status lines while a long setup stage (the experience-model SFT) runs.
 STATUS_INTERVAL_S = 30.0
@@ -59,10 +60,6 @@ class Actors:
             remove_placement_group(self.placement_group)
 
 
-def uses_synthetic(cfg: DreamGymConfig) -> bool:
-    return cfg.train.mode == "synthetic" or (cfg.train.mode == "s2r" and cfg.train.synthetic_iterations > 0)
-
-
 #: Ray CPUs of the curriculum actor (it mostly waits).
 CURRICULUM_CPUS = 0.25
 
@@ -70,12 +67,12 @@ CURRICULUM_CPUS = 0.25
 def requested_resources(cfg: DreamGymConfig) -> tuple[float, float]:
     """``(CPUs, GPUs)`` all actors of a run reserve together."""
     t, p, em, r = cfg.train, cfg.policy, cfg.experience_model, cfg.replay
-    cpus = p.num_engines * p.num_cpus + t.learner_num_cpus + t.rollout_workers * t.rollout_num_cpus
+    cpus = p.num_engines * p.engine.num_cpus + cfg.learner.num_cpus + t.rollout.workers * t.rollout.num_cpus
     cpus += r.shards * r.num_cpus + CURRICULUM_CPUS
-    gpus = t.learner_num_gpus + (p.num_engines if p.device == "cuda" else 0)
-    if uses_synthetic(cfg) and em.backend == "ray":
-        cpus += em.replicas * em.num_cpus
-        gpus += em.replicas * em.num_gpus
+    gpus = cfg.learner.num_gpus + p.num_engines * p.engine.gpus()
+    if Schedule.from_config(cfg.train).uses_synthetic and em.backend == "ray":
+        cpus += em.replicas * em.engine.num_cpus
+        gpus += em.replicas * em.engine.gpus()
     return cpus, gpus
 
 
@@ -86,8 +83,8 @@ def check_resources(cfg: DreamGymConfig) -> None:
     if cpus > have.get("CPU", 0) + 1e-9 or gpus > have.get("GPU", 0) + 1e-9:
         raise ConfigError(
             f"the run's actors ask for {cpus:g} CPUs and {gpus:g} GPUs but the Ray cluster has "
-            f"{have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; lower policy.num_cpus, "
-            "experience_model.num_cpus, train.learner_num_cpus, train.rollout_num_cpus or replay.num_cpus "
+            f"{have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; lower policy.engine.num_cpus, "
+            "experience_model.engine.num_cpus, learner.num_cpus, train.rollout.num_cpus or replay.num_cpus "
             "(fractions are fine: they only reserve scheduling slots), or use a bigger cluster"
         )
 
@@ -155,12 +152,12 @@ def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Calla
         return out
     c = cfg.model_copy(deep=True)
     c.experience_model.train.step_budget = cfg.env.max_steps  # the budget the offline episodes were cut at
-    c.experience_model.train.threads = c.experience_model.train.threads or cfg.train.learner_threads
+    c.experience_model.train.threads = c.experience_model.train.threads or cfg.learner.threads
     c.experience_model.train.log_every = 1
-    env_vars = {"OMP_NUM_THREADS": str(cfg.train.learner_threads), "HF_HUB_OFFLINE": "1",
+    env_vars = {"OMP_NUM_THREADS": str(cfg.learner.threads), "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    task = ray.remote(_experience_sft_task).options(num_cpus=cfg.train.learner_num_cpus,
-                                                     num_gpus=cfg.train.learner_num_gpus,
+    task = ray.remote(_experience_sft_task).options(num_cpus=cfg.learner.num_cpus,
+                                                     num_gpus=cfg.learner.num_gpus,
                                                      runtime_env={"env_vars": env_vars})
     ref = task.remote(c.model_dump(mode="json"), str(offline), str(out))
     progress, total, t0 = run_dir / "experience_sft.jsonl", c.experience_model.train.max_steps, time.perf_counter()
@@ -213,8 +210,8 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            bundles = [{"CPU": cfg.train.learner_num_cpus, "GPU": cfg.train.learner_num_gpus}]
-            bundles += [{"CPU": cfg.policy.num_cpus, "GPU": 1.0 if cfg.policy.device == "cuda" else 0.0}
+            bundles = [{"CPU": cfg.learner.num_cpus, "GPU": cfg.learner.num_gpus}]
+            bundles += [{"CPU": cfg.policy.engine.num_cpus, "GPU": cfg.policy.engine.gpus()}
                         for _ in range(cfg.policy.num_engines)]
             a.placement_group = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01}
                                                  for b in bundles], strategy="STRICT_PACK")
@@ -227,7 +224,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
         f_engines = pool.submit(create_policy_engines, cfg.policy)
         f_learner = pool.submit(create_learner, cfg, ckpt, learner_opts)
         f_replicas = None
-        if uses_synthetic(cfg):
+        if Schedule.from_config(cfg.train).uses_synthetic:
             from actors.experience_model import start_replicas
 
             if cfg.experience_model.backend == "local":
@@ -237,13 +234,13 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
                 f_replicas = pool.submit(start_replicas, cfg.experience_model)
         a.replay = f_replay.result()
         a.engines = f_engines.result()
-        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.dtype})")
+        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.dtype})")
         if f_replicas is not None:
             a.replicas = f_replicas.result()
             log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")
         a.learner = f_learner.result()
         factory = None
-        if uses_synthetic(cfg) and cfg.curriculum.llm_variants > 0:
+        if Schedule.from_config(cfg.train).uses_synthetic and cfg.curriculum.llm_variants > 0:
             factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
         a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
                                                num_cpus=CURRICULUM_CPUS)
@@ -274,13 +271,13 @@ def warm_start(cfg: DreamGymConfig, actors: Actors, episodes: list[list[Any]], l
     from learner.bc import run_bc
 
     trajs = ray.get(actors.learner.tokenise_gold.remote(episodes))
-    t = cfg.train
+    t = cfg.train.warm_start
 
     def show(m: dict[str, Any]) -> None:
         record(m)
-        log(f"step {int(m['bc_step'])}/{t.sft_steps} on {len(trajs)} gold episodes: gold-reply NLL {m['nll']:.3f} "
+        log(f"step {int(m['bc_step'])}/{t.steps} on {len(trajs)} gold episodes: gold-reply NLL {m['nll']:.3f} "
             f"({m['tokens_per_s']:.0f} tok/s)")
 
-    run_bc(lambda batch: ray.get(actors.learner.warm_start_step.remote(batch, t.sft_lr)), trajs, t.sft_steps,
-           t.sft_batch_episodes, cfg.run.seed, show)
+    run_bc(lambda batch: ray.get(actors.learner.warm_start_step.remote(batch, t.lr)), trajs, t.steps,
+           t.batch_episodes, cfg.run.seed, show)
     return int(ray.get(actors.learner.end_warm_start.remote()))

@@ -232,7 +232,7 @@ def _list_source(pairs: list[tuple[str, torch.Tensor]]) -> Any:
 
 
 def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> WeightSync:
-    """The weight sync ``cfg`` asks for: ``learner.weight_sync`` or, for ``auto``, by ``policy.device``.
+    """The weight sync ``cfg`` asks for: ``learner.weight_sync`` or, for ``auto``, by ``policy.engine.device``.
 
     The NCCL path needs ``DREAMGYM_NCCL_MASTER`` (``host:port`` of the learner, reachable from the
     engines' nodes) and engines created with ``weight_transfer_backend="nccl"``.
@@ -241,8 +241,8 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
 
     kind = cfg.learner.weight_sync
     if kind == "auto":
-        kind = "nccl" if cfg.policy.device == "cuda" else "object_store"
+        kind = "nccl" if cfg.policy.engine.device == "cuda" else "object_store"
     if kind == "object_store":
-        return ObjectStoreWeightSync(engines, dtype=cfg.policy.dtype, timeout_s=cfg.learner.sync_timeout_s)
+        return ObjectStoreWeightSync(engines, dtype=cfg.policy.engine.dtype, timeout_s=cfg.learner.sync_timeout_s)
     host, _, port = os.environ.get("DREAMGYM_NCCL_MASTER", "127.0.0.1:29555").rpartition(":")
-    return NcclWeightSync(engines, host, int(port), timeout_s=cfg.learner.sync_timeout_s, dtype=cfg.policy.dtype)
+    return NcclWeightSync(engines, host, int(port), timeout_s=cfg.learner.sync_timeout_s, dtype=cfg.policy.engine.dtype)

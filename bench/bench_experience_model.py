@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dreamgym.config import ExperienceModelConfig
+from dreamgym.config import EngineConfig, ExperienceModelConfig
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.engine import engine_env
 from dreamgym.experience.evaluate import build_items
@@ -120,7 +120,8 @@ def bench_replicas(cfg: ExperienceModelConfig, path: str, queries: list[Experien
                    n: int) -> dict[str, Any]:
     from actors.experience_model import RayExperienceClient, start_replicas
 
-    c = cfg.model_copy(update={"replicas": n, "omp_threads": max(1, cfg.omp_threads // n)})
+    engine = cfg.engine.model_copy(update={"omp_threads": max(1, cfg.engine.omp_threads // n)})
+    c = cfg.model_copy(update={"replicas": n, "engine": engine})
     t0 = time.perf_counter()
     client = RayExperienceClient(start_replicas(c, path), refresh_s=c.router_refresh_s, owns=True)
     start = time.perf_counter() - t0
@@ -130,7 +131,7 @@ def bench_replicas(cfg: ExperienceModelConfig, path: str, queries: list[Experien
     finally:
         client.close()
         time.sleep(2)
-    return {**r, "start_s": round(start, 1), "omp_threads_per_replica": c.omp_threads}
+    return {**r, "start_s": round(start, 1), "omp_threads_per_replica": c.engine.omp_threads}
 
 
 def _free_port() -> int:
@@ -154,13 +155,14 @@ def bench_http(cfg: ExperienceModelConfig, path: str, queries: list[ExperienceQu
 
     port = _free_port()
     env = {**os.environ, **engine_env(engine_options(cfg, path, 0)),
-           "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.kv_cache_gib))),
+           "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.engine.kv_cache_gib))),
            "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache (loopback-only server)
     log = (log_dir / "vllm_server.log").open("w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--served-model-name", "em",
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype, "--max-model-len", str(cfg.max_model_len),
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.engine.dtype,
+         "--max-model-len", str(cfg.engine.max_model_len),
          "--enforce-eager", "--seed", "0", "--enable-prefix-caching", "--disable-log-stats"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
@@ -216,9 +218,9 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-em-"))
     path = str(resolve_model(args.model))
-    cfg = ExperienceModelConfig(model=path, dtype=args.dtype, max_model_len=2048, top_k=args.top_k,
-                                history_steps=args.history_steps, max_tokens=args.max_tokens, max_attempts=1,
-                                num_cpus=1, omp_threads=args.omp_threads, router_refresh_s=0.5)
+    engine = EngineConfig(dtype=args.dtype, max_model_len=2048, num_cpus=1, omp_threads=args.omp_threads)
+    cfg = ExperienceModelConfig(model=path, engine=engine, top_k=args.top_k, history_steps=args.history_steps,
+                                max_tokens=args.max_tokens, max_attempts=1, router_refresh_s=0.5)
     heldout, store = _data(args, tmp)
     queries = _queries(heldout, store, cfg, args.queries)
     sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens, stop=STOP)

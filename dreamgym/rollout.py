@@ -274,6 +274,16 @@ def group_trajectories(trajectories: Sequence[Trajectory], min_size: int = 2) ->
     return groups, dropped
 
 
+def split_stale(groups: Sequence[Group], version: int, max_staleness: int) -> tuple[list[Group], list[Group]]:
+    """``(fresh, stale)``: a group is stale when its oldest trajectory was sampled more than ``max_staleness``
+    weight versions before ``version`` (the learner's current one); only fresh groups are learned from."""
+    fresh, stale = [], []
+    for g in groups:
+        oldest = min(t.weight_version for t in g.trajectories)
+        (fresh if version - oldest <= max_staleness else stale).append(g)
+    return fresh, stale
+
+
 def repeat_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
     """Each task ``n`` times in a row: the episodes of ``n``-trajectory GRPO groups."""
     return [t for t in tasks for _ in range(n)]

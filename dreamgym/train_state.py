@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +76,35 @@ class TrainState:
     def from_dict(d: dict[str, Any]) -> TrainState:
         known = set(TrainState.__dataclass_fields__)
         return TrainState(**{k: v for k, v in d.items() if k in known})
+
+
+class IterationLog:
+    """Timers and the metric record of one loop iteration.
+
+    Each timed phase adds its wall time to the run's counters (``TrainState.add_phase``) and to the record;
+    ``note`` adds facts. ``record()`` is what ``metrics.jsonl`` gets as the iteration's event."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state = state
+        self.fields: dict[str, Any] = {}
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def timed(self, phase: str, episodes: int = 0, steps: int = 0) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.add(phase, time.perf_counter() - t0, episodes, steps)
+
+    def add(self, phase: str, seconds: float, episodes: int = 0, steps: int = 0) -> None:
+        """A phase timed elsewhere (the rollouts run from their launch to their collection)."""
+        self.state.add_phase(phase, seconds, episodes, steps)
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def note(self, **fields: Any) -> None:
+        self.fields.update(fields)
+
+    def record(self) -> dict[str, Any]:
+        return {**self.fields, "phase_seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
 def checkpoint_dir(run_dir: Path, iteration: int) -> Path:

@@ -80,3 +80,42 @@ def test_saved_config_round_trips(tmp_path) -> None:
     assert again == cfg
     assert yaml.safe_load(path.read_text())["collect"]["episodes"] == 11
     assert isinstance(again, DreamGymConfig)
+
+
+def test_engine_section_is_shared_and_keeps_role_defaults() -> None:
+    """One ``EngineConfig`` for policy engines and experience-model replicas; setting one field of a role's
+    engine keeps that role's other defaults (the experience model serves bf16 with a 4k context)."""
+    cfg = load_config(None, ["--experience_model.engine.kv_cache_gib", "0.5", "--policy.engine.seed", "3"])
+    em, pol = cfg.experience_model.engine, cfg.policy.engine
+    assert type(em) is type(pol)
+    assert (em.kv_cache_gib, em.dtype, em.max_model_len, em.gpu_memory_utilization) == (0.5, "bfloat16", 4096, 0.85)
+    assert (pol.seed, pol.dtype, pol.max_model_len) == (3, "float32", 2048)
+    assert em.gpus() == 0.0 and pol.model_copy(update={"device": "cuda"}).gpus() == 1.0
+
+
+def test_train_sections_split_by_concern() -> None:
+    cfg = load_config(None, ["--train.eval.tasks", "32", "--train.rollout.workers", "2", "--learner.threads", "1",
+                             "--train.warm_start.method", "sft", "--train.report.markdown", "false"])
+    t = cfg.train
+    assert (t.eval.tasks, t.rollout.workers, cfg.learner.threads, t.warm_start.method, t.report.markdown) == (
+        32, 2, 1, "sft", False)
+
+
+def test_moved_keys_still_load_with_a_note(tmp_path, capsys) -> None:
+    """Configs and run directories of earlier versions keep working: each moved key is read at its new place."""
+    p = tmp_path / "old.yaml"
+    p.write_text("policy:\n  dtype: bfloat16\n  enable_prefix_caching: false\nexperience_model:\n  engine_seed: 4\n"
+                 "  num_gpus: 1\ntrain:\n  eval_tasks: 8\n  warm_start: sft\n  sft_steps: 3\n  report: false\n"
+                 "  learner_threads: 1\n")
+    cfg = load_config(p)
+    assert cfg.policy.engine.dtype == "bfloat16" and cfg.policy.engine.prefix_caching is False
+    assert cfg.experience_model.engine.seed == 4 and cfg.experience_model.engine.device == "cuda"
+    assert (cfg.train.eval.tasks, cfg.train.warm_start.method, cfg.train.warm_start.steps) == (8, "sft", 3)
+    assert cfg.train.report.markdown is False and cfg.learner.threads == 1
+    err = capsys.readouterr().err
+    assert "train.eval_tasks is now train.eval.tasks" in err and "policy.dtype is now policy.engine.dtype" in err
+
+
+def test_a_key_set_under_old_and_new_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"train\.eval_tasks and train\.eval\.tasks are both set"):
+        load_config(None, {"train": {"eval_tasks": 4, "eval": {"tasks": 8}}})

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from experience_data import HALL, KITCHEN, TOY_ENV, controlled_rows, write_toy
 
-from dreamgym.config import ExperienceModelConfig, load_config
+from dreamgym.config import EngineConfig, ExperienceModelConfig, load_config
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.retry import RetryPolicy
@@ -73,8 +73,8 @@ def test_sft_loss_falls_and_writes_an_hf_folder(controlled: Controlled) -> None:
 
 
 def _engine_cfg(model: Path, **kw: object) -> ExperienceModelConfig:
-    return ExperienceModelConfig(model=str(model), dtype="float32", max_model_len=1024, num_cpus=0.5,
-                                 omp_threads=1, max_tokens=96, **PROMPT, **kw)  # type: ignore[arg-type]
+    engine = EngineConfig(dtype="float32", max_model_len=1024, num_cpus=0.5, omp_threads=1)
+    return ExperienceModelConfig(model=str(model), engine=engine, max_tokens=96, **PROMPT, **kw)  # type: ignore[arg-type]
 
 
 def test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica(ray_cluster, controlled: Controlled) -> None:

@@ -16,7 +16,7 @@ from grpo_helpers import groups_from_samples
 
 from actors.policy_engine import create_policy_engines
 from actors.weight_sync import ObjectStoreWeightSync
-from dreamgym.config import LearnerConfig, PolicyConfig
+from dreamgym.config import EngineConfig, LearnerConfig, PolicyConfig
 from dreamgym.models import build_tiny_model
 from dreamgym.types import AgentTurn, Observation, Task
 from learner.learner import Learner
@@ -37,8 +37,8 @@ def word_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(ray_cluster: object, word_model: Path):
-    cfg = PolicyConfig(model=str(word_model), dtype="float32", max_tokens=2, max_model_len=256,
-                       history_steps=0, max_admissible_shown=0, seed=0, kv_cache_gib=0.25)
+    cfg = PolicyConfig(model=str(word_model), max_tokens=2, history_steps=0, max_admissible_shown=0,
+                       engine=EngineConfig(dtype="float32", max_model_len=256, seed=0, kv_cache_gib=0.25))
     (handle,) = create_policy_engines(cfg)
     yield handle
     ray.kill(handle)

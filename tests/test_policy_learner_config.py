@@ -12,9 +12,9 @@ from dreamgym.errors import ConfigError
 
 def test_defaults_and_overrides() -> None:
     cfg = load_config(overrides=["--learner.lora.enabled", "true", "--learner.clip_high", "0.3",
-                                 "--policy.model", "tiny", "--policy.dtype", "bfloat16"])
+                                 "--policy.model", "tiny", "--policy.engine.dtype", "bfloat16"])
     assert cfg.learner.lora.enabled and cfg.learner.clip_high == 0.3
-    assert cfg.policy.model == "tiny" and cfg.policy.dtype == "bfloat16"
+    assert cfg.policy.model == "tiny" and cfg.policy.engine.dtype == "bfloat16"
     assert cfg.learner.loss_agg == "token-mean" and cfg.learner.kl_coef == 0.0 and cfg.learner.scale_by_std
 
 

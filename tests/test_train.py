@@ -23,7 +23,7 @@ import pytest
 import yaml
 from scripted_openai_server import ScriptedOpenAIServer
 
-from dreamgym.config import validate_config
+from dreamgym.config import deep_merge, validate_config
 from dreamgym.experience.prompts import format_reply
 
 VENV_BIN = Path(sys.executable).parent
@@ -35,20 +35,20 @@ def tiny_config(out_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:
         "run": {"name": "t", "out_dir": str(out_dir)},
         "env": {"name": "twx:coin", "max_steps": 6},
         "collect": {"policy": "mixed", "episodes": 24, "workers": 1},
-        "policy": {"model": "tiny", "max_tokens": 8, "num_cpus": 0.25, "worked_example": True, "history_steps": 0,
-                   "kv_cache_gib": 0.25, "max_model_len": 2048},
-        "experience_model": {"model": "tiny", "num_cpus": 0.25, "kv_cache_gib": 0.25, "max_tokens": 24,
-                             "max_attempts": 2, "max_model_len": 2048, "top_k": 2, "dtype": "float32"},
-        "learner": {"group_size": 3, "lr": 1e-3, "device": "cpu"},
+        "policy": {"model": "tiny", "max_tokens": 8, "worked_example": True, "history_steps": 0,
+                   "engine": {"num_cpus": 0.25, "kv_cache_gib": 0.25, "max_model_len": 2048}},
+        "experience_model": {"model": "tiny", "max_tokens": 24, "max_attempts": 2, "top_k": 2,
+                             "engine": {"num_cpus": 0.25, "kv_cache_gib": 0.25, "max_model_len": 2048,
+                                        "dtype": "float32"}},
+        "learner": {"group_size": 3, "lr": 1e-3, "device": "cpu", "num_cpus": 0.25, "threads": 1},
         "curriculum": {"seed_tasks": 6, "tasks_per_iteration": 2, "llm_variants": 0, "param_variants": 0},
         "replay": {"num_cpus": 0.1},
-        "train": {"iterations": 2, "eval_tasks": 3, "envs_per_worker": 6, "synthetic_threads": 6,
-                  "learner_num_cpus": 0.25, "rollout_num_cpus": 0.1, "learner_threads": 1, "progress": True,
-                  "warm_start": "sft", "sft_steps": 12, "sft_lr": 1e-2, "sft_batch_episodes": 4},
+        "train": {"iterations": 2, "eval": {"tasks": 3},
+                  "rollout": {"envs_per_worker": 6, "synthetic_threads": 6, "num_cpus": 0.1},
+                  "report": {"progress": True},
+                  "warm_start": {"method": "sft", "steps": 12, "lr": 1e-2, "batch_episodes": 4}},
     }
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
-    return base
+    return deep_merge(base, sections)
 
 
 def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -108,7 +108,7 @@ def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Pat
     with ScriptedOpenAIServer(_copy_top_demonstration) as server:
         cfg = validate_config(tiny_config(
             tmp_path, experience_model={"backend": "http", "url": server.url},
-            train={"mode": "synthetic", "iterations": 2, "warm_start": "none", "eval_at_start": False,
+            train={"mode": "synthetic", "iterations": 2, "warm_start": {"method": "none"}, "eval": {"at_start": False},
                    "max_staleness": 1}))
         s = run_train(cfg)
     assert s["iterations"] == 2 and s["real_transitions"] == 0
@@ -161,7 +161,7 @@ def _wait_for(path_glob: tuple[Path, str], proc: subprocess.Popen, timeout: floa
 @pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
 def test_resume_after_the_driver_is_killed(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
-                      train={"mode": "real", "iterations": 3, "warm_start": "none", "checkpoint_every": 1})
+                      train={"mode": "real", "iterations": 3, "warm_start": {"method": "none"}, "checkpoint_every": 1})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)

@@ -34,12 +34,12 @@ def engine_options(cfg: ExperienceModelConfig, model_path: str, index: int = 0) 
     """Engine options of replica ``index``: its CPU binding is ``cpu_binds[index % len]``, ``nobind``
     when none is given (vLLM's automatic binding pins every engine of a node to the same cores, and a
     pinned engine cannot move off a core that other processes keep busy)."""
-    bind = cfg.cpu_binds[index % len(cfg.cpu_binds)] if cfg.cpu_binds else "nobind"
+    e = cfg.engine
+    bind = e.cpu_binds[index % len(e.cpu_binds)] if e.cpu_binds else "nobind"
     return EngineOptions(
-        model=model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len, prefix_caching=cfg.prefix_caching,
-        enforce_eager=cfg.enforce_eager, seed=cfg.engine_seed + index, kv_cache_gib=cfg.kv_cache_gib,
-        omp_threads=cfg.omp_threads, cpu_bind=bind, device="cuda" if cfg.num_gpus > 0 else "cpu",
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        model=model_path, dtype=e.dtype, max_model_len=e.max_model_len, prefix_caching=e.prefix_caching,
+        enforce_eager=e.enforce_eager, seed=e.seed + index, kv_cache_gib=e.kv_cache_gib,
+        omp_threads=e.omp_threads, cpu_bind=bind, device=e.device, gpu_memory_utilization=e.gpu_memory_utilization,
     )
 
 
