@@ -1,6 +1,6 @@
 """``RolloutWorker``: a Ray actor that owns environments and runs episodes with the policy engines.
 
-Each worker owns ``train.envs_per_worker`` real environments (one Java engine each for TextWorldExpress,
+Each worker owns ``train.rollout.envs_per_worker`` real environments (one Java engine each for TextWorldExpress,
 started on first use) and, for synthetic rollouts, as many ``SyntheticEnv`` instances over the shared
 experience-model replicas (least-loaded router) and the replay buffer's retrieval. ``run(tasks, phase)``
 runs one episode per task with ``dreamgym.rollout.run_episodes``; the policy is the engines' batched
@@ -27,7 +27,8 @@ import ray
 from dreamgym.config import DreamGymConfig
 from dreamgym.envs.registry import make_env
 from dreamgym.rollout import ActFn, RolloutStats, random_valid_act, run_episodes
-from dreamgym.types import ActionSample, AgentTurn, Task, Trajectory
+from dreamgym.schedule import rollout_plan
+from dreamgym.types import ActionSample, AgentTurn, Demonstration, Task, Trajectory
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -71,7 +72,7 @@ class RolloutWorker:
         self.replicas = list(replicas or [])
         self.replay = replay
         self.offline_data = offline_data
-        self.real: list[Environment] = [make_env(self.cfg.env) for _ in range(self.cfg.train.envs_per_worker)]
+        self.real: list[Environment] = [make_env(self.cfg.env) for _ in range(self.cfg.train.rollout.envs_per_worker)]
         self.synthetic: list[Environment] | None = None
         self._initial: dict[str, str] = {}
         self._valid: dict[str, list[str]] = {}
@@ -113,17 +114,11 @@ class RolloutWorker:
         return [SyntheticEnv(self._experience, retrieve, self.cfg.env.name, top_k=em.top_k,
                              max_steps=self.cfg.env.max_steps, state_max_chars=self.cfg.env.state_max_chars,
                              initial_state=self._initial_state, admissible=self._admissible)
-                for _ in range(self.cfg.train.envs_per_worker)]
+                for _ in range(self.cfg.train.rollout.envs_per_worker)]
 
-    def _retrieve(self, state: str, action: str, k: int) -> list[Any]:
-        """Top-k demonstrations from the replay buffer, as the experience model's records."""
-        from dreamgym.experience.schema import Demonstration
-
-        demos = self.replay.retrieve(state, action, k, filters={"env": self.cfg.env.name})
-        return [Demonstration(state=d.transition.state, action=d.transition.action,
-                              next_state=d.transition.next_state, reward=d.transition.reward,
-                              done=d.transition.done, success=d.transition.success, score=d.score)
-                for d in demos]
+    def _retrieve(self, state: str, action: str, k: int) -> list[Demonstration]:
+        """Top-k demonstrations from the replay buffer, of this worker's environment."""
+        return self.replay.retrieve(state, action, k, filters={"env": self.cfg.env.name})
 
     def _initial_state(self, task: Task) -> str | None:
         """``s_0`` of ``task`` from a reset of a real environment (cached; resets spend no transition)."""
@@ -144,31 +139,28 @@ class RolloutWorker:
     def run(self, tasks: list[Task], phase: str, temperature: float | None = None,
             seed: int = 0) -> tuple[list[Trajectory], dict[str, Any]]:
         """One episode per task. ``phase``: ``real``, ``synthetic``, ``eval`` or ``random``."""
+        plan = rollout_plan(phase)
         threads = 1
-        if phase == "synthetic":
+        if plan.env == "synthetic":
             if self.synthetic is None:
                 self.synthetic = self._build_synthetic()
-            envs, source, threads = self.synthetic, "synthetic", self.cfg.train.synthetic_threads
-        elif phase in ("real", "eval", "random"):
-            envs, source = self.real, "real"
+            envs, threads = self.synthetic, self.cfg.train.rollout.synthetic_threads
         else:
-            raise ValueError(f"unknown rollout phase {phase!r}")
-        act = random_valid_act(seed) if phase == "random" else engines_act(self.engines, temperature)
-        em_before = self._experience.stats.as_dict() if self._experience is not None else None
+            envs = self.real
+        act = random_valid_act(seed) if plan.policy == "random" else engines_act(self.engines, temperature)
+        em_before = self._experience.stats.copy() if self._experience is not None else None
         self._live = {"phase": phase, "episodes": 0, "tasks": len(tasks), "steps": 0}
 
         def on_step(s: RolloutStats) -> None:
             self._live = {"phase": phase, "episodes": s.episodes, "tasks": len(tasks), "steps": s.steps}
 
-        trajs, stats = run_episodes(envs, tasks, act, source=source, threads=min(threads, len(envs)),
-                                    policy_name="random" if phase == "random" else "policy",
+        trajs, stats = run_episodes(envs, tasks, act, source=plan.env, threads=min(threads, len(envs)),
+                                    policy_name=plan.policy,
                                     episode_prefix=f"w{self.index}-{phase}-{seed}", on_step=on_step)
         out: dict[str, Any] = stats.as_dict()
         if em_before is not None and phase == "synthetic":
-            after = self._experience.stats.as_dict()
-            for key in ("queries", "model_calls", "retries", "invalid", "settled", "prompt_tokens",
-                        "completion_tokens"):
-                out[f"em_{key}"] = after[key] - em_before[key]
+            spent = self._experience.stats - em_before
+            out.update({f"em_{key}": n for key, n in spent.counts().items()})
         out["real_resets"] = self.real_resets
         return trajs, out
 
@@ -189,10 +181,10 @@ def create_rollout_workers(
     replay: Any = None,
     offline_data: str | None = None,
 ) -> list[ActorHandle]:
-    """Start ``train.rollout_workers`` workers with ``train.rollout_num_cpus`` each; returns once all are up."""
+    """Start ``train.rollout.workers`` workers with ``train.rollout.num_cpus`` each; returns once all are up."""
     # ``progress`` answers in its own concurrency group while ``run`` holds the default one.
-    cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker).options(num_cpus=cfg.train.rollout_num_cpus)
+    cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker).options(num_cpus=cfg.train.rollout.num_cpus)
     workers = [cls.remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
-               for i in range(cfg.train.rollout_workers)]
+               for i in range(cfg.train.rollout.workers)]
     ray.get([w.ready.remote() for w in workers])
     return workers

@@ -113,7 +113,8 @@ def user_prompt(
 
 #: environment family -> one worked example: (user prompt of an earlier decision, the reply to it).
 #: Shown as a first chat exchange when ``worked_example`` is on: a small model copies the reply format
-#: from it (STACK.md: SmolLM2-135M acts validly in 1-3% of coin steps without one, succeeds ~52% with one).
+#: from it (SmolLM2-135M acts validly in 1-3% of coin steps without one, succeeds ~52% with one; see the
+#: measured baselines in docs/stack-notes.md).
 WORKED_EXAMPLES: dict[str, tuple[str, str]] = {
     "twx": (
         "Task: Your task is to search the environment and find the coin. Once you find the coin, take it.\n"

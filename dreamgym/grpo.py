@@ -4,7 +4,7 @@ For a task ``q`` the policy samples a group of ``G`` trajectories ``o_1..o_G`` w
 rewards ``r_1..r_G``. Every policy token ``t`` of trajectory ``i`` (its replies only; prompts and
 observations are masked out) gets the same group-relative advantage
 
-    A_i = (r_i - mean(r)) / (std(r) + eps)         (GRPO; std over the G rewards, ddof = 0)
+    A_i = (r_i - mean(r)) / (std(r) + eps)         (GRPO; std = sqrt(reward_variance), ddof = 0)
     A_i =  r_i - mean(r)                           (Dr. GRPO: ``scale_by_std=False``)
 
 A group whose rewards are all equal has ``A_i = 0`` for every ``i`` and carries no signal: it is
@@ -55,14 +55,27 @@ LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 # Advantages
 
 
+def reward_variance(rewards: Sequence[float]) -> float:
+    """The reward variance of one group, the paper's ``V_tau = (1/n) sum_i (r_i - mean r)^2``.
+
+    The population variance (ddof = 0) over the ``n`` rewards; 0 for an empty group (and, as the formula
+    gives, for a single reward). ``std(r)`` of the GRPO advantage is its square root; the curriculum
+    scores tasks by it (``dreamgym.curriculum.scoring``).
+    """
+    n = len(rewards)
+    if n == 0:
+        return 0.0
+    mean = sum(rewards) / n
+    return sum((r - mean) ** 2 for r in rewards) / n
+
+
 def group_advantages(rewards: Sequence[float], scale_by_std: bool = True, eps: float = 1e-6) -> list[float] | None:
     """``A_i`` for one group, or ``None`` when the group is degenerate (all rewards equal)."""
     g = len(rewards)
     if g == 0:
         return None
     mean = sum(rewards) / g
-    var = sum((r - mean) ** 2 for r in rewards) / g
-    std = math.sqrt(var)
+    std = math.sqrt(reward_variance(rewards))
     if std <= 1e-12 * max(1.0, abs(mean)):
         return None
     scale = 1.0 / (std + eps) if scale_by_std else 1.0

@@ -180,21 +180,24 @@ class ActionSample:
 
 @dataclass
 class Demonstration:
-    """One of the top-k demonstrations the replay buffer retrieves for a query ``(s_t, a_t)``: a stored
-    transition, its similarity to the query and the metadata it was stored with."""
+    """One of the top-k demonstrations retrieved for a query ``(s_t, a_t)``: a real transition
+    ``(s, a) -> (s', r, done, success)``, its similarity to the query and the metadata it was stored with.
+
+    The replay buffer returns these, and so does the experience model's in-memory
+    ``TransitionIndex``; the experience model's prompt shows them as evidence (``ExperienceQuery``)."""
 
     transition: Transition
     score: float
-    """Similarity of ``phi(s, a)`` of the stored transition to the query's (dot product of unit vectors)."""
+    """Similarity to the query, higher is closer: for the replay buffer the dot product of the unit
+    vectors ``phi(s, a)``; for ``TransitionIndex`` its token-overlap score. Informational only."""
     id: str
-    """The stored point id (a UUID derived from the transition's content, see ``dreamgym.replay.records``)."""
+    """The point id: a UUID derived from the transition's content (``dreamgym.replay.records.point_id``)."""
     iteration: int = -1
     """Training iteration that produced it (``-1`` for offline seed data)."""
     policy_version: int = -1
     """Policy weight version that sampled its action (``-1`` where unknown, e.g. offline data)."""
 
-    # The transition's fields read through, so consumers that take "anything with state, action,
-    # next_state, reward, done, success" (the experience model's prompt builder) accept it as is.
+    # The transition's fields read through: the experience model's prompt builder reads these.
     @property
     def state(self) -> str:
         return self.transition.state

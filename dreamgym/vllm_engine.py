@@ -4,7 +4,7 @@
 it, and tests or scripts can use it directly. ``engine_env`` gives the environment variables an
 engine needs *before* vLLM is imported (the actor passes them in its ``runtime_env``).
 
-Settings that matter on CPU (see STACK.md): the engine runs in the caller's process
+Settings that matter on CPU (see docs/stack-notes.md): the engine runs in the caller's process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: faster start, less memory, tensors reach the worker
 without pickling); the sampling seed is engine-wide (a per-request seed crashes the CPU sampler);
 log-probs are the sampling distribution's (``logprobs_mode="processed_logprobs"``: after
@@ -54,7 +54,7 @@ class VllmPolicy:
         model_path: str | Path | None = None,
         weight_transfer_backend: str | None = None,
     ) -> None:
-        for k, v in engine_env(cfg.device, cfg.omp_threads).items():
+        for k, v in engine_env(cfg.engine.device, cfg.engine.omp_threads).items():
             os.environ.setdefault(k, v)
         from vllm import LLM
 
@@ -64,21 +64,22 @@ class VllmPolicy:
         self.engine_index = engine_index
         self.model_path = Path(model_path) if model_path else resolve_model(cfg.model)
         kwargs: dict[str, Any] = {}
-        if cfg.device == "cuda":
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        e = cfg.engine
+        if e.device == "cuda":
+            kwargs["gpu_memory_utilization"] = e.gpu_memory_utilization
         else:
-            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
+            kwargs["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
         if weight_transfer_backend:
             # vLLM's trainer-to-engine transfer (NCCL on GPU); the CPU path needs none.
             kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
         t0 = time.perf_counter()
         self.llm = LLM(
             model=str(self.model_path),
-            dtype=cfg.dtype,
-            seed=cfg.seed + engine_index,
-            max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.enforce_eager,
-            enable_prefix_caching=cfg.enable_prefix_caching,
+            dtype=e.dtype,
+            seed=e.seed + engine_index,
+            max_model_len=e.max_model_len,
+            enforce_eager=e.enforce_eager,
+            enable_prefix_caching=e.prefix_caching,
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             **kwargs,
@@ -180,7 +181,7 @@ class VllmPolicy:
         ``ValueError`` and leaves the engine serving its current weights (a reload that fails half-way
         would leave layers unmaterialised). With tied embeddings the LM head is sent explicitly as the
         embedding: on CPU vLLM serves the head from a pre-packed copy that is only rebuilt when
-        ``lm_head.weight`` itself is loaded (trap 2 of STACK.md).
+        ``lm_head.weight`` itself is loaded (weight-update trap 2 in docs/stack-notes.md).
         """
         pairs = list(weights.items()) if isinstance(weights, dict) else list(weights)
         pairs = self._checked(pairs)

@@ -1,4 +1,5 @@
-"""ALFWorld adapter against the real engine, on the debug game in ../shared/data/alfworld-debug."""
+"""ALFWorld adapter against the real engine, on the ALFWorld debug game that ships beside the repository
+(the ``alfworld_debug_dir`` fixture in conftest finds it)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from dreamgym.experience.schema import Sampling
 from dreamgym.experience.setup import build_model, prompt_options
 from dreamgym.experience.synthetic_env import synthetic_env_from_index
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 PROMPT = {"top_k": 1, "history_steps": 2}
 
@@ -45,7 +45,8 @@ class Controlled:
 @pytest.fixture(scope="module")
 def controlled(tmp_path_factory: pytest.TempPathFactory) -> Controlled:
     """SFT of a tiny random Llama on the ``go north`` transition (the loss must fall); ``data`` is the
-    whole toy world (the retrieval store)."""
+    whole toy world (the retrieval store). 200 steps: with today's package versions 100 steps leave the
+    reasoning NLL at 0.43 (not yet memorised), 200 bring every NLL below 1e-3."""
     from dreamgym.models import build_tiny_model
     from learner.sft_experience import train_experience_model
 
@@ -55,7 +56,7 @@ def controlled(tmp_path_factory: pytest.TempPathFactory) -> Controlled:
     base = build_tiny_model(d / "base")
     cfg = load_config(None, {"run": {"seed": 0}, "experience_model": {
         **PROMPT, "train": {"data": str(train), "store": str(world), "base": str(base), "lr": 1e-2,
-                            "batch_size": 1, "epochs": 100, "log_every": 1000,
+                            "batch_size": 1, "epochs": 200, "log_every": 1000,
                             "threads": 1}}})  # a 70k-parameter model: one thread is faster than two
     summary = train_experience_model(cfg, d / "model")
     return Controlled(d / "model", world, summary)
@@ -63,13 +64,13 @@ def controlled(tmp_path_factory: pytest.TempPathFactory) -> Controlled:
 
 def test_sft_loss_falls_and_writes_an_hf_folder(controlled: Controlled) -> None:
     s = controlled.summary
-    assert s["examples"] == 1 and s["steps"] == 100
+    assert s["examples"] == 1 and s["steps"] == 200
     assert s["loss_last"] < 0.05 * s["loss_first"], s
     assert s["reasoning_nll_last"] < 0.1 and s["state_nll_last"] < 0.1
     files = {p.name for p in controlled.model.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= files
     history = json.loads((controlled.model / "dreamgym_sft.json").read_text())["history"]
-    assert len(history) == 100 and history[-1]["loss"] < history[0]["loss"]
+    assert len(history) == 200 and history[-1]["loss"] < history[0]["loss"]
 
 
 def _engine_cfg(model: Path, **kw: object) -> ExperienceModelConfig:

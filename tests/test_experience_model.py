@@ -27,9 +27,9 @@ from dreamgym.experience.parser import MalformedReply, parse_reply
 from dreamgym.experience.prompts import PromptOptions, build_messages, format_reply
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.retry import RetryPolicy
-from dreamgym.experience.schema import Completion, Demonstration, ExperienceQuery, HistoryStep, Message, Sampling
+from dreamgym.experience.schema import Completion, ExperienceQuery, HistoryStep, Message, Sampling
 from dreamgym.experience.synthetic_env import SyntheticEnv, synthetic_env_from_index
-from dreamgym.types import Task
+from dreamgym.types import Demonstration, Task, Transition
 
 VALID = format_reply(KITCHEN, 1.0, True, True, "North of the hall is the kitchen.")
 
@@ -42,11 +42,18 @@ def coin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "test": collect_coin(d / "test.parquet", "test", 12)}
 
 
+def _demo(i: int) -> Demonstration:
+    t = Transition(episode_id="e", step=0, task_id="coin/0", env="twx:coin", instruction="Find the coin.",
+                   state=f"ds{i}", action="go north", next_state=f"dn{i}", reward=0.0, done=False, success=False,
+                   admissible_actions=None)
+    return Demonstration(t, score=0.0, id=f"demo-{i}")
+
+
 def _query(**kw: Any) -> ExperienceQuery:
     base: dict[str, Any] = {
         "env": "twx:coin", "instruction": "Find the coin.", "state": HALL, "action": "go north",
         "history": [HistoryStep(f"a{i}", f"s{i}") for i in range(6)],
-        "demonstrations": [Demonstration(f"ds{i}", "go north", f"dn{i}", 0.0, False, False) for i in range(5)],
+        "demonstrations": [_demo(i) for i in range(5)],
         "admissible_actions": ["go north", "look"],
     }
     base.update(kw)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from dreamgym.grpo import batch_advantages, group_advantages, k3, policy_loss, token_weights
+from dreamgym.curriculum.scoring import reward_variance as curriculum_reward_variance
+from dreamgym.grpo import batch_advantages, group_advantages, k3, policy_loss, reward_variance, token_weights
 
 
 def test_group_advantages_std_scaled_and_dr_grpo() -> None:
@@ -18,6 +19,19 @@ def test_group_advantages_std_scaled_and_dr_grpo() -> None:
     assert adv == pytest.approx([(x - mean) / (std + 1e-6) for x in r])
     assert sum(adv) == pytest.approx(0.0, abs=1e-9)
     assert group_advantages(r, scale_by_std=False) == pytest.approx([x - mean for x in r])
+
+
+def test_reward_variance_is_the_one_v_tau_of_grpo_and_the_curriculum() -> None:
+    # the population variance (ddof = 0): p (1 - p) for {0, 1} rewards; 0 for one reward or none
+    assert reward_variance([0.0, 1.0]) == 0.25
+    assert reward_variance([0.0, 1.0, 1.0, 1.0]) == pytest.approx(0.1875)
+    assert reward_variance([0.3, 0.3]) == 0.0 and reward_variance([0.5]) == 0.0 and reward_variance([]) == 0.0
+    assert curriculum_reward_variance is reward_variance
+    # GRPO's std is its square root
+    r = [0.2, 0.9, 0.4]
+    std = math.sqrt(reward_variance(r))
+    mean = sum(r) / 3
+    assert group_advantages(r, eps=0.0) == pytest.approx([(x - mean) / std for x in r])
 
 
 def test_degenerate_groups_are_counted_and_dropped() -> None:

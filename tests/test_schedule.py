@@ -1,12 +1,15 @@
-"""The sim-to-real schedule, without a cluster: phases per mode, the real-transition budget, task filtering."""
+"""The loop's pieces without a cluster: the sim-to-real schedule (phases per mode, the real-transition budget,
+task filtering), stale groups and the iteration log."""
 
 from __future__ import annotations
 
 import pytest
 
 from dreamgym.config import load_config
+from dreamgym.rollout import split_stale
 from dreamgym.schedule import Schedule, rollout_plan
-from dreamgym.types import Task
+from dreamgym.train_state import IterationLog, TrainState
+from dreamgym.types import Group, Task, Trajectory
 
 
 def test_phases_of_each_mode() -> None:
@@ -50,3 +53,27 @@ def test_schedule_from_the_train_config() -> None:
     cfg = load_config(None, ["--train.mode", "s2r", "--train.iterations", "5", "--train.synthetic_iterations", "3",
                              "--train.real_budget", "40"])
     assert Schedule.from_config(cfg.train) == Schedule("s2r", 5, 3, 40)
+
+
+def _group(version: int) -> Group:
+    task = Task(task_id=f"v{version}", env="twx:coin", instruction="x")
+    return Group(task, [Trajectory(task, [], r > 0, r, weight_version=version) for r in (0.0, 1.0)])
+
+
+def test_stale_groups_are_split_off_by_weight_version() -> None:
+    groups = [_group(3), _group(2), _group(1)]
+    fresh, stale = split_stale(groups, version=3, max_staleness=1)
+    assert fresh == groups[:2] and stale == groups[2:]
+    assert split_stale(groups, version=3, max_staleness=0) == (groups[:1], groups[1:])
+
+
+def test_iteration_log_times_phases_into_the_run_counters() -> None:
+    state = TrainState()
+    log = IterationLog(state)
+    with log.timed("learner"):
+        pass
+    log.add("synthetic", 2.5, episodes=8, steps=40)
+    log.note(stale_groups=0)
+    rec = log.record()
+    assert rec["stale_groups"] == 0 and set(rec["phase_seconds"]) == {"learner", "synthetic"}
+    assert state.phase_seconds["synthetic"] == 2.5 and state.phase_steps["synthetic"] == 40

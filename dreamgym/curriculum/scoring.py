@@ -1,9 +1,10 @@
 """Task scores: the reward variance ``V_tau`` of a task's latest GRPO group, and the selection weight.
 
 ``V_tau = (1/n) sum_i (r_i - mean r)^2`` over the ``n`` rollouts of the latest group of task ``tau``
-(the population variance). For rewards in ``{0, 1}`` it equals ``p (1 - p)`` with ``p`` the group's
-success rate, maximal (0.25) at a 50/50 split and 0 when the policy always or never succeeds: the
-tasks with the largest ``V_tau`` are the ones where GRPO's group-relative advantages carry signal.
+(the population variance, ``dreamgym.grpo.reward_variance``, whose square root is the ``std`` of GRPO's
+advantages). For rewards in ``{0, 1}`` it equals ``p (1 - p)`` with ``p`` the group's success rate,
+maximal (0.25) at a 50/50 split and 0 when the policy always or never succeeds: the tasks with the
+largest ``V_tau`` are the ones where GRPO's group-relative advantages carry signal.
 
 The selection weight of a task that has been tried (see ``TaskWeights``):
 
@@ -25,14 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-def reward_variance(rewards: Sequence[float]) -> float:
-    """``V_tau = (1/n) sum_i (r_i - mean r)^2`` (0 for fewer than two rewards)."""
-    n = len(rewards)
-    if n < 2:
-        return 0.0
-    mean = sum(rewards) / n
-    return sum((r - mean) ** 2 for r in rewards) / n
+# ``V_tau`` is defined once, next to the GRPO advantages whose ``std`` is its square root.
+from dreamgym.grpo import reward_variance as reward_variance
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ every split.
 
 Gold actions: ALFWorld's own experts need per-game planning (TextWorld's planner took 68 s and then
 crashed on the debug game), so the adapter offers a ``winning_commands.txt`` next to the game file
-when there is one (one command a line, as in ``../shared/data/alfworld-debug``) and ``None`` otherwise.
+when there is one (one command a line, as the ALFWorld debug game the tests use ships it) and ``None``
+otherwise.
 """
 
 from __future__ import annotations

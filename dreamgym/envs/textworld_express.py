@@ -41,7 +41,7 @@ GAME_PARAMS: dict[str, tuple[str, ...]] = {
     "peckingorder": (),
 }
 
-#: Small default worlds (a random agent sometimes wins them; see STACK.md's baselines). The user's
+#: Small default worlds (a random agent sometimes wins them; baselines in docs/stack-notes.md). The user's
 #: ``env.params`` are merged over these; games not listed use the engine's defaults.
 DEFAULT_PARAMS: dict[str, dict[str, int]] = {
     "coin": {"numLocations": 3, "includeDoors": 0},

@@ -1,10 +1,12 @@
 """Invalid-transition accounting: how many queries, model calls, retries and invalid transitions,
-and why replies were malformed. Merged across replicas/environments with ``+=``."""
+and why replies were malformed. Merged across replicas/environments with ``+=``; what one stretch of
+work spent is ``after - before`` (``copy()`` the tally before it). The counters are the integer fields
+of ``InvalidAccounting``, listed once, in the class (``COUNTERS``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -31,17 +33,30 @@ class InvalidAccounting:
     def invalid_rate(self) -> float:
         return self.invalid / self.queries if self.queries else 0.0
 
+    def counts(self) -> dict[str, int]:
+        """The counters by name (every field but ``reasons``), in declaration order."""
+        return {name: getattr(self, name) for name in COUNTERS}
+
+    def copy(self) -> InvalidAccounting:
+        return InvalidAccounting(**self.counts(), reasons=Counter(self.reasons))
+
     def __iadd__(self, other: InvalidAccounting) -> InvalidAccounting:
-        for name in ("queries", "model_calls", "retries", "valid", "invalid", "recovered", "settled",
-                     "prompt_tokens", "completion_tokens"):
+        for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.reasons.update(other.reasons)
         return self
 
+    def __sub__(self, before: InvalidAccounting) -> InvalidAccounting:
+        """What was counted since ``before`` (an earlier ``copy()`` of this tally)."""
+        reasons = Counter(self.reasons)
+        reasons.subtract(before.reasons)
+        return InvalidAccounting(**{name: getattr(self, name) - getattr(before, name) for name in COUNTERS},
+                                 reasons=+reasons)
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "queries": self.queries, "model_calls": self.model_calls, "retries": self.retries,
-            "valid": self.valid, "invalid": self.invalid, "recovered": self.recovered, "settled": self.settled,
-            "invalid_rate": round(self.invalid_rate, 4), "reasons": dict(self.reasons.most_common()),
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-        }
+        return {**self.counts(), "invalid_rate": round(self.invalid_rate, 4),
+                "reasons": dict(self.reasons.most_common())}
+
+
+#: The integer counters of ``InvalidAccounting`` (all its fields but the ``reasons`` counter).
+COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(InvalidAccounting) if f.name != "reasons")

@@ -2,7 +2,7 @@
 
 ``AsyncEngine`` owns one ``vllm.v1.engine.llm_engine.LLMEngine`` whose engine core runs in this very
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: on CPU it starts several times faster and takes about a
-gigabyte less than a separate core process, see STACK.md; vLLM's ``AsyncLLM`` always spawns one). A
+gigabyte less than a separate core process, see docs/stack-notes.md; vLLM's ``AsyncLLM`` always spawns one). A
 dedicated stepping thread adds the requests that arrive and calls ``step()`` while any is unfinished,
 so requests that arrive while others run join the running batch (continuous batching); each caller
 awaits an asyncio future the thread resolves. Prefix caching is on, so the constant system prompt of

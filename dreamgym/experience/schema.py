@@ -1,28 +1,16 @@
 """Records of the experience model: what goes in (a query), what comes back (a prediction), and the
-text-level request/reply that crosses the client seam. Plain picklable dataclasses."""
+text-level request/reply that crosses the client seam. Plain picklable dataclasses. A query's top-k
+demonstrations are the wire type ``dreamgym.types.Demonstration``, the record the replay buffer returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dreamgym.types import Demonstration
+
 #: A chat message, OpenAI style: ``{"role": "system" | "user" | "assistant", "content": str}``.
 Message = dict[str, str]
-
-
-@dataclass(frozen=True)
-class Demonstration:
-    """One top-k demonstration: a real transition ``(s, a) -> (s', r, done, success)`` retrieved
-    because its state and action resemble the query's."""
-
-    state: str
-    action: str
-    next_state: str
-    reward: float
-    done: bool
-    success: bool
-    score: float = 0.0
-    """Retrieval similarity (higher is closer); informational only."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +36,7 @@ class ExperienceQuery:
     history: list[HistoryStep] = field(default_factory=list)
     """Earlier steps, oldest first (the prompt shows the last ``history_steps`` of them)."""
     demonstrations: list[Demonstration] = field(default_factory=list)
-    """Top-k retrieved real transitions, most similar first."""
+    """Top-k retrieved real transitions, most similar first (the prompt reads their transition fields)."""
     admissible_actions: list[str] | None = None
     """Valid actions in ``s_t`` where known; an action outside this list is settled as a failure."""
 
@@ -56,7 +44,7 @@ class ExperienceQuery:
 @dataclass(frozen=True)
 class Sampling:
     """Sampling of one generation. No per-request seed: it crashes vLLM's CPU sampler (the engine
-    has one seed, see STACK.md)."""
+    has one seed, see docs/stack-notes.md)."""
 
     temperature: float = 0.0
     top_p: float = 1.0

@@ -24,15 +24,15 @@ action is admissible.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from dreamgym.envs.base import Environment
 from dreamgym.errors import EnvironmentSpecError
 from dreamgym.experience.model import ExperienceModel
-from dreamgym.experience.retrieval import Retriever, as_demonstration
+from dreamgym.experience.retrieval import Retriever
 from dreamgym.experience.schema import ExperienceQuery, HistoryStep, Prediction
 from dreamgym.experience.templates import state_rules_for
-from dreamgym.types import Observation, StepResult, Task
+from dreamgym.types import Demonstration, Observation, StepResult, Task
 
 
 class SyntheticEnv(Environment):
@@ -111,7 +111,7 @@ class SyntheticEnv(Environment):
             raise RuntimeError("step() called with no running episode: call reset(task) first")
         demos = []
         if self.retrieve is not None and self.top_k > 0:
-            demos = [as_demonstration(d) for d in self.retrieve(self._state, action, self.top_k)]
+            demos = list(self.retrieve(self._state, action, self.top_k))
         self._last_demos = len(demos)
         return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
@@ -152,7 +152,7 @@ class SyntheticEnv(Environment):
 class TaskFacts(Protocol):
     """What ``synthetic_env_from_index`` reads from an index of real data (``TransitionIndex`` has it)."""
 
-    def __call__(self, state: str, action: str, k: int) -> Sequence[Any]: ...
+    def __call__(self, state: str, action: str, k: int) -> Sequence[Demonstration]: ...
     def tasks(self, count: int | None = None, first: int = 0) -> list[Task]: ...
     def initial_state(self, task: Task) -> str | None: ...
     def admissible(self, state: str) -> list[str] | None: ...

@@ -1,0 +1,47 @@
+"""Invalid-transition accounting: the counters are the dataclass's own fields, and a stretch of work's
+share is ``after - before`` (what a rollout worker reports as its ``em_*`` keys)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from experience_data import HALL, KITCHEN
+
+from dreamgym.experience.accounting import COUNTERS, InvalidAccounting
+from dreamgym.experience.client import FunctionClient
+from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.prompts import format_reply
+from dreamgym.experience.retry import RetryPolicy
+from dreamgym.experience.schema import ExperienceQuery
+
+
+def test_counters_are_every_field_but_reasons() -> None:
+    assert {f.name for f in fields(InvalidAccounting)} == {*COUNTERS, "reasons"}
+    assert COUNTERS == ("queries", "model_calls", "retries", "valid", "invalid", "recovered", "settled",
+                        "prompt_tokens", "completion_tokens")
+    d = InvalidAccounting(queries=4, invalid=1).as_dict()
+    assert set(d) == {*COUNTERS, "invalid_rate", "reasons"} and d["invalid_rate"] == 0.25
+
+
+def test_sum_copy_and_difference() -> None:
+    a = InvalidAccounting(queries=2, model_calls=3)
+    a.reasons["missing:<reward>"] += 1
+    before = a.copy()
+    b = InvalidAccounting(queries=1, invalid=1, completion_tokens=7)
+    b.reasons["missing:<reward>"] += 2
+    a += b
+    assert before.queries == 2 and before.reasons == {"missing:<reward>": 1}  # a copy, not a view
+    spent = a - before
+    assert spent.counts() == b.counts() and spent.reasons == b.reasons
+
+
+def test_a_models_stats_difference_is_what_the_calls_in_between_counted() -> None:
+    replies = iter(["garbage", format_reply(KITCHEN, 1.0, True, True, "north")] * 4)
+    model = ExperienceModel(FunctionClient(lambda messages, s: next(replies)), retry=RetryPolicy(max_attempts=2))
+    q = ExperienceQuery(env="twx:coin", instruction="Find the coin.", state=HALL, action="go north")
+    model.predict_one(q)
+    before = model.stats.copy()
+    model.predict_one(q)
+    spent = model.stats - before
+    assert (spent.queries, spent.model_calls, spent.retries, spent.valid, spent.recovered) == (1, 2, 1, 1, 1)
+    assert sum(spent.reasons.values()) == 1 and model.stats.queries == 2
