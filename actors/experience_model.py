@@ -204,17 +204,9 @@ class RayExperienceClient(ExperienceClient):
 
 def connect_experience_model(cfg: ExperienceModelConfig, model_path: str | None = None) -> ExperienceClient:
     """An ``ExperienceClient`` for ``cfg.backend`` (Ray must already be connected for ``ray``)."""
-    if cfg.backend == "http":
-        from dreamgym.experience.http_client import OpenAIClient
+    if cfg.backend != "ray":
+        from dreamgym.experience.backends import open_client
 
-        if not cfg.url:
-            raise ExperienceBackendError("experience_model.backend is 'http' but experience_model.url is not set")
-        return OpenAIClient(cfg.url, cfg.served_model_name, cfg.api_key, cfg.request_timeout_s, cfg.http_concurrency)
-    if cfg.backend == "local":
-        from dreamgym.experience.engine import InProcessClient
-        from dreamgym.models import resolve_model
-
-        path = str(model_path or resolve_model(cfg.model))
-        return InProcessClient(engine_options(cfg, path, 0), timeout_s=cfg.request_timeout_s)
+        return open_client(cfg, model_path)
     replicas = start_replicas(cfg, model_path)
     return RayExperienceClient(replicas, cfg.router_refresh_s, cfg.request_timeout_s, owns=True)

@@ -30,6 +30,7 @@ import ray
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError
 from dreamgym.schedule import Schedule
+from dreamgym.types import Transition
 
 #: Seconds between status lines while a long setup stage (the experience-model SFT) runs.
 STATUS_INTERVAL_S = 30.0
@@ -255,14 +256,29 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
 
 
 # -- warm start ---------------------------------------------------------------------------------------
-def gold_for_warm_start(cfg: DreamGymConfig, offline: Path, run_dir: Path) -> list[list[Any]]:
-    """Gold episodes for the warm start (from the offline data, else collected): before any actor starts,
-    so a collection never waits for CPUs the run's actors hold."""
-    from learner.bc import gold_source
+def gold_for_warm_start(cfg: DreamGymConfig, offline: Path | None, run_dir: Path) -> list[list[Transition]]:
+    """Gold episodes for the warm start: from ``offline``, else collected with the gold policy into
+    ``<run>/gold.parquet`` (reused when it is there). Called before any actor starts, so a collection never
+    waits for CPUs the run's actors hold."""
+    from dreamgym.data.transitions import iter_transitions
+    from dreamgym.errors import DreamGymError
+    from learner.bc import gold_episodes
 
-    sub = cfg.model_copy(deep=True)
-    sub.train.offline_data = offline
-    return gold_source(sub, run_dir)
+    limit = cfg.train.warm_start.episodes
+    episodes = gold_episodes(iter_transitions(offline), limit=limit) if offline else []
+    if not episodes:
+        gold = run_dir / "gold.parquet"
+        if not gold.is_file():
+            from actors.collect import run_collect
+
+            sub = cfg.model_copy(deep=True)
+            sub.collect.policy, sub.collect.episodes, sub.collect.out = "gold", limit, gold
+            sub.run.out_dir = run_dir / "stages"
+            run_collect(sub, progress=False)
+        episodes = gold_episodes(iter_transitions(gold), limit=limit)
+    if not episodes:
+        raise DreamGymError(f"no successful gold episode of {cfg.env.name} to clone")
+    return episodes
 
 
 def warm_start(cfg: DreamGymConfig, actors: Actors, episodes: list[list[Any]], log: Callable[[str], None],

@@ -1,16 +1,16 @@
-"""The ``dreamgym`` command.
+"""The ``dreamgym`` command: the argument parser.
 
-Thin on purpose: it parses arguments, loads the config and defers every heavy import (Ray, torch,
-vLLM, Java engines) to the subcommand that needs it, so ``dreamgym --help`` answers at once.
-Every subcommand accepts an optional YAML config and ``--section.field VALUE`` overrides.
+Thin on purpose: it parses arguments and imports the body of the subcommand that runs from
+``dreamgym.commands`` (``COMMANDS``); every heavy import (Ray, torch, vLLM, Java engines) is deferred to
+that body, so ``dreamgym --help`` answers at once. Every subcommand accepts an optional YAML config and
+``--section.field VALUE`` overrides.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from dreamgym.errors import DreamGymError
 
@@ -41,9 +41,10 @@ SHORTCUTS: dict[str, dict[str, str]] = {
                               "--url": "experience_model.url", "--limit": "experience_model.eval.limit",
                               "--out": "experience_model.eval.out", "--address": "ray.address"},
     "train": {"--env": "env.name", "--mode": "train.mode", "--iterations": "train.iterations",
-              "--address": "ray.address", "--offline-data": "train.offline_data", "--warm-start": "train.warm_start"},
-    "sft": {"--env": "env.name", "--data": "train.offline_data", "--steps": "train.sft_steps",
-            "--episodes": "train.sft_episodes", "--address": "ray.address"},
+              "--address": "ray.address", "--offline-data": "train.offline_data",
+              "--warm-start": "train.warm_start.method"},
+    "sft": {"--env": "env.name", "--data": "train.offline_data", "--steps": "train.warm_start.steps",
+            "--episodes": "train.warm_start.episodes", "--address": "ray.address"},
 }
 
 
@@ -115,212 +116,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace, extra: list[str], command: str) -> Any:
-    from dreamgym.config import load_config
+#: subcommand -> its body in ``dreamgym.commands`` (``module:function``), imported only when it runs
+COMMANDS: dict[str, str] = {
+    "train": "dreamgym.commands.train:cmd_train",
+    "sft": "dreamgym.commands.train:cmd_sft",
+    "collect": "dreamgym.commands.data:cmd_collect",
+    "seed-replay": "dreamgym.commands.data:cmd_seed_replay",
+    "serve-env": "dreamgym.commands.setup:cmd_serve_env",
+    "envs": "dreamgym.commands.setup:cmd_envs",
+    "config": "dreamgym.commands.setup:cmd_config",
+    "inspect-data": "dreamgym.commands.setup:cmd_inspect_data",
+    "tasks": "dreamgym.commands.setup:cmd_tasks",
+    "prepare-models": "dreamgym.commands.setup:cmd_prepare_models",
+    "annotate": "dreamgym.commands.experience:cmd_annotate",
+    "train-experience-model": "dreamgym.commands.experience:cmd_train_experience_model",
+    "eval-experience-model": "dreamgym.commands.experience:cmd_eval_experience_model",
+}
 
-    # Shortcut flags and free-form overrides merge into one override list (free-form wins).
+
+def command_overrides(args: argparse.Namespace, extra: list[str], command: str) -> list[str]:
+    """The shortcut flags given, as ``--section.field VALUE`` tokens, followed by the free-form overrides
+    (which win)."""
     tokens: list[str] = []
     for dotted in SHORTCUTS.get(command, {}).values():
         value = getattr(args, dotted, None)
         if value is not None:
             tokens += [f"--{dotted}", value]
-    return load_config(args.config, tokens + extra)
-
-
-def _cmd_collect(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "collect")
-    from actors.collect import run_collect
-
-    summary = run_collect(cfg)
-    print(
-        f"wrote {summary['transitions']} transitions from {summary['episodes']} episodes to {summary['out']} "
-        f"({summary['transitions_per_s']:.0f} transitions/s, success {summary['success_rate']:.1%}); "
-        f"run directory {summary['run_dir']}"
-    )
-    return 0
-
-
-def _cmd_serve_env(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "serve-env")
-    from dreamgym.envs.server import serve
-
-    serve(cfg.env, host=args.host, port=args.port)
-    return 0
-
-
-def _cmd_envs(args: argparse.Namespace, extra: list[str]) -> int:
-    from dreamgym.envs.registry import FAMILIES, adapter_class
-
-    for family, (_, _, desc) in FAMILIES.items():
-        names = getattr(adapter_class(family), "known_names", lambda: [])()
-        shown = ", ".join(names) if names else "(see description)"
-        print(f"{family:9s} {desc}\n          names: {shown}")
-    return 0
-
-
-def _cmd_config(args: argparse.Namespace, extra: list[str]) -> int:
-    from dreamgym.config import config_to_yaml, explain
-
-    if args.explain:
-        for dotted, default, desc in explain():
-            print(f"{dotted} = {default}\n    {desc}")
-        return 0
-    print(config_to_yaml(_load(args, extra, "config")), end="")
-    return 0
-
-
-def _cmd_inspect_data(args: argparse.Namespace, extra: list[str]) -> int:
-    from dreamgym.data.transitions import summarise
-
-    for k, v in summarise(args.path).items():
-        print(f"{k}: {v}")
-    return 0
-
-
-def _cmd_prepare_models(args: argparse.Namespace, extra: list[str]) -> int:
-    from dreamgym.models import ALIASES, resolve_model
-
-    for name in args.models:
-        if name not in ALIASES:
-            from dreamgym.errors import ConfigError
-
-            raise ConfigError(f"unknown model alias {name!r}; known: {', '.join(ALIASES)}")
-        print(f"{name}: {resolve_model(name, args.cache_dir)}")
-    return 0
-
-
-def _cmd_tasks(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "tasks")
-    from dreamgym.curriculum.build import seed_tasks
-
-    env = None
-    if cfg.curriculum.task_file is None:
-        from dreamgym.envs.registry import make_env
-
-        env = make_env(cfg.env)
-    try:
-        tasks = seed_tasks(cfg, env)
-    finally:
-        if env is not None:
-            env.close()
-    for t in tasks:
-        print(f"{t.task_id}\t{t.instruction}")
-    print(f"{len(tasks)} seed tasks for {cfg.env.name}", file=sys.stderr)
-    return 0
-
-
-def _cmd_seed_replay(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "seed-replay")
-    from actors.replay import run_seed_replay
-
-    s = run_seed_replay(cfg, args.data)
-    print(
-        f"seeded {s['stored']} transitions from {s['rows']} rows of {s['data']} ({s['duplicates']} duplicates, "
-        f"{s['invalid']} invalid skipped; {s['rows_per_s']:.0f} rows/s) into {s['shards']} shard(s) at "
-        f"{s['replay_path']}; run directory {s['run_dir']}"
-    )
-    return 0
-
-
-def _cmd_annotate(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "annotate")
-    from dreamgym.experience.commands import run_annotate
-
-    s = run_annotate(cfg)
-    print(f"annotated {s['rows']} transitions ({s['teacher']} by the teacher, {s['template']} by template) "
-          f"into {s['out']} in {s['seconds']:.1f} s; run directory {s['run_dir']}")
-    return 0
-
-
-def _cmd_train_experience_model(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "train-experience-model")
-    from dreamgym.experience.commands import run_train
-
-    s = run_train(cfg)
-    print(f"trained on {s['examples_seen']} of {s['examples']} examples ({s['transitions']} transitions, "
-          f"{s['duplicates']} duplicates) for "
-          f"{s['steps']} steps in {s['train_seconds']:.0f} s: loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}; "
-          f"model in {s['out']}; run directory {s['run_dir']}")
-    return 0
-
-
-def _cmd_eval_experience_model(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _load(args, extra, "eval-experience-model")
-    from dreamgym.experience.commands import run_eval
-
-    result, table = run_eval(cfg)
-    d = result["data"]
-    print(f"{d['evaluated']} held-out transitions ({d['unseen']} with an unseen (state, action)); "
-          f"store {d['store_transitions']} transitions; model {d['model']} ({d['backend']})")
-    print(table)
-    if "model_stats" in result:
-        st = result["model_stats"]
-        print(f"model calls {st['model_calls']}, retries {st['retries']}, invalid {st['invalid']}, "
-              f"reasons {st['reasons']}")
-    print(f"JSON: {result['json']}")
-    return 0
-
-
-def default_train_config() -> str:
-    """The packaged default config of ``dreamgym train`` (and ``dreamgym sft``)."""
-    from importlib.resources import files
-
-    return str(files("dreamgym") / "configs" / "train.yaml")
-
-
-def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from dreamgym.config import parse_overrides
-
-    tokens: list[str] = []
-    if args.resume:
-        tokens = [t for d in SHORTCUTS["train"].values() if getattr(args, d, None) is not None
-                  for t in (f"--{d}", getattr(args, d))]
-        parse_overrides(tokens + extra)  # malformed overrides fail before anything starts
-        cfg = None
-    else:
-        args.config = args.config or default_train_config()
-        cfg = _load(args, extra, "train")
-    from actors.driver import run_train
-
-    s = run_train(cfg, resume=args.resume, overrides=tokens + extra if args.resume else None)
-
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x:.0%}"
-
-    print(f"trained {s['iterations']} iterations ({s['mode']}) in {s['wall_seconds'] / 60:.1f} min: held-out real "
-          f"success {pct(s['success_start'])} -> {pct(s['success_final'])} (random valid action "
-          f"{pct(s['baseline_success'])}); real transitions {s['real_transitions']} for training, "
-          f"{s['synthetic_transitions']} synthetic; report {s.get('report', '-')}; run directory {s['run_dir']}")
-    return 0
-
-
-def _cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
-    args.config = args.config or default_train_config()
-    cfg = _load(args, extra, "sft")
-    from learner.bc import run_sft_command
-
-    s = run_sft_command(cfg, out=args.out)
-    print(f"behaviour cloning on {s['episodes']} gold episodes, {s['steps']} steps: gold-reply NLL "
-          f"{s['nll_first']:.3f} -> {s['nll_last']:.3f} in {s['seconds']:.0f} s; model in {s['out']} (use it as "
-          f"--policy.model {s['out']}); run directory {s['run_dir']}")
-    return 0
-
-
-COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
-    "train": _cmd_train,
-    "sft": _cmd_sft,
-    "collect": _cmd_collect,
-    "serve-env": _cmd_serve_env,
-    "envs": _cmd_envs,
-    "config": _cmd_config,
-    "inspect-data": _cmd_inspect_data,
-    "tasks": _cmd_tasks,
-    "prepare-models": _cmd_prepare_models,
-    "seed-replay": _cmd_seed_replay,
-    "annotate": _cmd_annotate,
-    "train-experience-model": _cmd_train_experience_model,
-    "eval-experience-model": _cmd_eval_experience_model,
-}
+    return tokens + extra
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -355,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if extra and args.command not in SHORTCUTS:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    module, _, name = COMMANDS[args.command].partition(":")
+    body = getattr(importlib.import_module(module), name)
     try:
-        return COMMANDS[args.command](args, extra)
+        return body(args, command_overrides(args, extra, args.command))
     except DreamGymError as e:
         print(f"dreamgym {args.command}: error: {e}", file=sys.stderr)
         return 2

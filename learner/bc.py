@@ -6,12 +6,15 @@ the advantage ``A_i = 1`` and the loss is ``dreamgym.grpo.policy_loss`` with ``p
 detached. Then ``rho = 1`` and the gradient of ``-sum_t w_t rho_t A_i`` is ``-sum_t w_t grad log pi(o_t)``:
 with token-mean weights exactly the gradient of the mean negative log-likelihood of the gold replies.
 
-The warm start has its own AdamW (``train.sft_lr``) over the learner's parameters, so the GRPO
+The warm start has its own AdamW (``train.warm_start.lr``) over the learner's parameters, so the GRPO
 optimizer's moments and learning-rate schedule start fresh when RL begins.
 
 Gold replies are rendered the way the policy engine would sample them: ``<action>gold action</action>``
 (generation stops after the closing tag), tokenised with the policy's tokenizer after the chat-templated
 agent prompt of that step (``dreamgym.agent_prompt``).
+
+No Ray here: the gold episodes come from ``actors.train_setup.gold_for_warm_start`` (the offline data, else
+a collection with the gold policy); ``dreamgym sft`` is ``dreamgym.commands.train``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from learner.model import token_logprobs
 from learner.sequences import TokenSequence, assign_weights, trajectory_sequences
 
 if TYPE_CHECKING:
-    from dreamgym.config import DreamGymConfig, PolicyConfig
+    from dreamgym.config import PolicyConfig
     from learner.learner import Learner
 
 
@@ -155,56 +158,3 @@ def save_policy(learner: Learner, out: str | Path) -> Path:
     if gen.is_file():
         (out / "generation_config.json").write_text(gen.read_text())
     return out
-
-
-def gold_source(cfg: DreamGymConfig, run_dir: Path) -> list[list[Transition]]:
-    """Gold episodes from ``train.offline_data``, else collected with the gold policy into ``<run>/gold.parquet``."""
-    from dreamgym.data.transitions import iter_transitions
-    from dreamgym.errors import DreamGymError
-
-    t = cfg.train
-    episodes = gold_episodes(iter_transitions(t.offline_data), limit=t.sft_episodes) if t.offline_data else []
-    if not episodes:
-        gold = run_dir / "gold.parquet"
-        if not gold.is_file():
-            from actors.collect import run_collect
-
-            sub = cfg.model_copy(deep=True)
-            sub.collect.policy, sub.collect.episodes, sub.collect.out = "gold", t.sft_episodes, gold
-            sub.run.out_dir = run_dir / "stages"
-            run_collect(sub, progress=False)
-        episodes = gold_episodes(iter_transitions(gold), limit=t.sft_episodes)
-    if not episodes:
-        raise DreamGymError(f"no successful gold episode of {cfg.env.name} to clone")
-    return episodes
-
-
-def run_sft_command(cfg: DreamGymConfig, out: str | Path | None = None) -> dict[str, Any]:
-    """``dreamgym sft``: behaviour cloning in this process (no Ray unless gold data must be collected)."""
-    import time
-
-    from transformers import AutoTokenizer
-
-    from dreamgym.runs import MetricsLog, create_run_dir
-    from learner.learner import Learner
-
-    run_dir = create_run_dir(cfg, "sft")
-    metrics = MetricsLog(run_dir)
-    episodes = gold_source(cfg, run_dir)
-    learner = Learner.from_config(cfg)
-    tok = AutoTokenizer.from_pretrained(str(learner.model_path), local_files_only=True)
-    trajs = [tokenise_episode(ep, tok, cfg.policy) for ep in episodes]
-    bc = BehaviourCloning(learner, cfg.train.sft_lr)
-    t0 = time.perf_counter()
-
-    def log(m: dict[str, float]) -> None:
-        metrics.write(event="sft", **m)
-        print(f"step {int(m['bc_step'])}/{cfg.train.sft_steps}: gold-reply NLL {m['nll']:.3f} "
-              f"({m['tokens_per_s']:.0f} tok/s)", flush=True)
-
-    hist = run_bc(bc.step, trajs, cfg.train.sft_steps, cfg.train.sft_batch_episodes, cfg.run.seed, log)
-    path = save_policy(learner, Path(out) if out else run_dir / "model")
-    summary = {"out": str(path), "run_dir": str(run_dir), "episodes": len(trajs), "steps": len(hist),
-               "nll_first": hist[0]["nll"], "nll_last": hist[-1]["nll"], "seconds": time.perf_counter() - t0}
-    metrics.write(event="summary", **summary)
-    return summary

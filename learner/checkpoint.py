@@ -9,8 +9,11 @@ Layout of ``<run>/checkpoints/step-000012/``::
     learner.json       base model, LoRA flag, seed, version, optimizer steps (human-readable)
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a
-half-written ``step-*`` folder. With FSDP the full (unsharded) state is gathered to rank 0, which
-writes it; every rank loads it.
+half-written ``step-*`` folder (the names come from ``dreamgym.train_state.checkpoint_dir``). With FSDP
+the full (unsharded) state is gathered to rank 0, which writes it; every rank loads it.
+
+This module is the format (files, atomic writes, RNG capture, listing and pruning); what goes in is the
+learner's business: ``Learner.save_checkpoint`` and ``Learner.from_checkpoint`` call it.
 """
 
 from __future__ import annotations
@@ -19,21 +22,14 @@ import json
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from dreamgym.types import WeightVersion
-
-if TYPE_CHECKING:
-    from dreamgym.config import LearnerConfig
-    from learner.learner import Learner
+from typing import Any
 
 STATE_FILE = "trainer_state.pt"
 META_FILE = "learner.json"
-
-
-def checkpoint_name(version: int) -> str:
-    return f"step-{version:06d}"
+MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
@@ -44,11 +40,6 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / META_FILE).is_file())
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
-
-
 def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` checkpoints; returns the deleted folders."""
     old = list_checkpoints(root)[:-keep] if keep > 0 else []
@@ -57,7 +48,8 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
     return old
 
 
-def _rng_state(learner: Learner) -> dict[str, Any]:
+def rng_state(generator: Any) -> dict[str, Any]:
+    """Every random stream a learner step draws from: torch CPU/CUDA, Python, NumPy and ``generator``."""
     import numpy as np
     import torch
 
@@ -65,79 +57,45 @@ def _rng_state(learner: Learner) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
         "numpy": np.random.get_state(),
-        "generator": learner.generator.get_state(),
+        "generator": generator.get_state(),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(learner: Learner, state: dict[str, Any]) -> None:
+def set_rng_state(generator: Any, state: dict[str, Any]) -> None:
+    """Put back what ``rng_state`` captured."""
     import numpy as np
     import torch
 
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    learner.generator.set_state(state["generator"])
+    generator.set_state(state["generator"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _is_rank0() -> bool:
+def is_rank0() -> bool:
     import torch.distributed as dist
 
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def save_checkpoint(learner: Learner, directory: Path) -> Path:
-    """Write ``learner``'s full training state to ``directory`` (atomically)."""
+def write_checkpoint(directory: Path, write_model: Callable[[Path], None], state: dict[str, Any],
+                     meta: dict[str, Any]) -> Path:
+    """Write a checkpoint atomically: ``write_model(folder)`` writes ``model/`` or ``adapter/`` into the
+    temporary folder, then ``state`` (``trainer_state.pt``) and ``meta`` (``learner.json``) follow and the
+    folder is renamed to ``directory``."""
     import torch
-    from transformers import AutoTokenizer
 
-    from learner.model import is_peft
-
-    model_sd = optim_sd = None
-    if learner.cfg.fsdp:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_sd = get_model_state_dict(learner.model, options=opts)
-        optim_sd = get_optimizer_state_dict(learner.model, learner.optimizer, options=opts)
-    if not _is_rank0():
-        return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     tmp.chmod(0o755)
     try:
-        lora = is_peft(learner.model)
-        if lora:
-            learner.model.save_pretrained(tmp / "adapter", state_dict=model_sd)
-        else:
-            learner.model.save_pretrained(tmp / "model", state_dict=model_sd)
-            AutoTokenizer.from_pretrained(str(learner.model_path), local_files_only=True).save_pretrained(tmp / "model")
-        torch.save(
-            {
-                "optimizer": optim_sd if optim_sd is not None else learner.optimizer.state_dict(),
-                "scheduler": learner.scheduler.state_dict(),
-                "optimizer_steps": learner.optimizer_steps,
-                "version": [learner.version.version, learner.version.step],
-                "rng": _rng_state(learner),
-            },
-            tmp / STATE_FILE,
-        )
-        meta = {
-            "base_model": str(learner.reference_path),
-            "lora": lora,
-            "seed": learner.seed,
-            "temperature": learner.temperature,
-            "version": learner.version.version,
-            "optimizer_steps": learner.optimizer_steps,
-        }
+        write_model(tmp)
+        torch.save(state, tmp / STATE_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
         if directory.exists():
             shutil.rmtree(directory)
@@ -148,37 +106,19 @@ def save_checkpoint(learner: Learner, directory: Path) -> Path:
     return directory
 
 
-def load_checkpoint(
-    cls: type[Learner], cfg: LearnerConfig, directory: Path, temperature: float | None = None
-) -> Learner:
-    """Rebuild a learner from ``directory`` so that its next ``step`` equals the uninterrupted run's."""
+def read_meta(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / META_FILE).read_text())
+
+
+def read_state(directory: Path) -> dict[str, Any]:
     import torch
 
-    meta = json.loads((directory / META_FILE).read_text())
-    if bool(meta["lora"]) != cfg.lora.enabled:
-        raise ValueError(f"checkpoint {directory} has lora={meta['lora']} but learner.lora.enabled={cfg.lora.enabled}")
-    temp = meta["temperature"] if temperature is None else temperature
-    base = meta["base_model"]
-    if meta["lora"]:
-        learner = cls(cfg, base, seed=meta["seed"], temperature=temp, reference_path=base)
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+    return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
 
-        set_peft_model_state_dict(learner.model, load_file(str(directory / "adapter" / "adapter_model.safetensors")))
-    else:
-        learner = cls(cfg, directory / "model", seed=meta["seed"], temperature=temp, reference_path=base)
-        learner.model_path = directory / "model"
-    state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
-    if cfg.fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(
-            learner.model, learner.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True)
-        )
-    else:
-        learner.optimizer.load_state_dict(state["optimizer"])
-    learner.scheduler.load_state_dict(state["scheduler"])
-    learner.optimizer_steps = int(state["optimizer_steps"])
-    learner.version = WeightVersion(*state["version"])
-    _set_rng_state(learner, state["rng"])
-    return learner
+def load_adapter(model: Any, directory: Path) -> None:
+    """Load a LoRA checkpoint's adapter weights into ``model`` (a peft model over the base)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_DIR / "adapter_model.safetensors")))

@@ -2,7 +2,8 @@
 
 Buildable and steppable without Ray: ``Learner(cfg.learner, model_path, seed=...)`` in any process.
 The loss is ``dreamgym.grpo.policy_loss`` (its docstring states the exact GRPO variant); the
-sequences and masks come from ``learner.sequences``; checkpoints from ``learner.checkpoint``.
+sequences and masks come from ``learner.sequences``. ``save_checkpoint`` / ``from_checkpoint`` decide
+what a checkpoint holds; ``learner.checkpoint`` is its file format.
 
 One call of ``step`` is one *learner step*: it bumps the weight version by one (when it updated
 anything), after which the caller pushes ``sync_weights()`` to the engines. Inside a step the batch
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dreamgym.grpo import policy_loss
 from dreamgym.types import Group, WeightVersion
+from learner import checkpoint
 from learner.batching import collate, micro_batches
 from learner.model import add_lora, is_peft, load_causal_lm, shard_fsdp, sync_weights, token_logprobs
 from learner.sequences import GrpoBatch, TokenSequence, assign_weights, build_batch
@@ -281,14 +283,79 @@ class Learner:
         """The current policy as checkpoint-format ``(HF name, tensor)`` pairs (LoRA merged, detached)."""
         return sync_weights(self.model)
 
-    # -- checkpoints ------------------------------------------------------------------------------------
+    # -- checkpoints (the format: ``learner.checkpoint``) -------------------------------------------------
     def save_checkpoint(self, directory: str | Path) -> Path:
-        from learner.checkpoint import save_checkpoint
+        """Write the full training state to ``directory`` (atomically; with FSDP, gathered to rank 0)."""
+        from transformers import AutoTokenizer
 
-        return save_checkpoint(self, Path(directory))
+        directory = Path(directory)
+        model_sd = optim_sd = None
+        if self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_optimizer_state_dict,
+            )
+
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model_sd = get_model_state_dict(self.model, options=opts)
+            optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+        if not checkpoint.is_rank0():
+            return directory
+        lora = is_peft(self.model)
+
+        def write_model(folder: Path) -> None:
+            if lora:
+                self.model.save_pretrained(folder / checkpoint.ADAPTER_DIR, state_dict=model_sd)
+            else:
+                self.model.save_pretrained(folder / checkpoint.MODEL_DIR, state_dict=model_sd)
+                tok = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+                tok.save_pretrained(folder / checkpoint.MODEL_DIR)
+
+        state = {
+            "optimizer": optim_sd if optim_sd is not None else self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "optimizer_steps": self.optimizer_steps,
+            "version": [self.version.version, self.version.step],
+            "rng": checkpoint.rng_state(self.generator),
+        }
+        meta = {
+            "base_model": str(self.reference_path),
+            "lora": lora,
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "version": self.version.version,
+            "optimizer_steps": self.optimizer_steps,
+        }
+        return checkpoint.write_checkpoint(directory, write_model, state, meta)
 
     @classmethod
     def from_checkpoint(cls, cfg: LearnerConfig, directory: str | Path, temperature: float = 1.0) -> Learner:
-        from learner.checkpoint import load_checkpoint
+        """Rebuild a learner from ``directory`` so that its next ``step`` equals the uninterrupted run's."""
+        directory = Path(directory)
+        meta = checkpoint.read_meta(directory)
+        if bool(meta["lora"]) != cfg.lora.enabled:
+            raise ValueError(
+                f"checkpoint {directory} has lora={meta['lora']} but learner.lora.enabled={cfg.lora.enabled}"
+            )
+        base = meta["base_model"]
+        if meta["lora"]:
+            learner = cls(cfg, base, seed=meta["seed"], temperature=temperature, reference_path=base)
+            checkpoint.load_adapter(learner.model, directory)
+        else:
+            learner = cls(cfg, directory / checkpoint.MODEL_DIR, seed=meta["seed"], temperature=temperature,
+                          reference_path=base)
+        state = checkpoint.read_state(directory)
+        if cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        return load_checkpoint(cls, cfg, Path(directory), temperature)
+            set_optimizer_state_dict(
+                learner.model, learner.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True)
+            )
+        else:
+            learner.optimizer.load_state_dict(state["optimizer"])
+        learner.scheduler.load_state_dict(state["scheduler"])
+        learner.optimizer_steps = int(state["optimizer_steps"])
+        learner.version = WeightVersion(*state["version"])
+        checkpoint.set_rng_state(learner.generator, state["rng"])
+        return learner

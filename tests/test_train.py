@@ -82,7 +82,7 @@ def _copy_top_demonstration(body: dict[str, Any]) -> str:
 def test_default_config_fits_this_machine() -> None:
     """`dreamgym train` without a config: twx:coin, SmolLM2 as policy and experience model, on 2 CPUs."""
     from actors.train_setup import requested_resources
-    from dreamgym.cli import default_train_config
+    from dreamgym.commands.train import default_train_config
     from dreamgym.config import load_config
 
     cfg = load_config(default_train_config())
@@ -102,6 +102,7 @@ def test_train_help_is_light() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
+@pytest.mark.engine
 def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Path) -> None:
     from actors.driver import run_train
 
@@ -125,6 +126,7 @@ def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
+@pytest.mark.engine
 def test_s2r_with_a_vllm_experience_replica_and_a_real_budget(ray_cluster, tmp_path: Path) -> None:
     from actors.driver import run_train
 
@@ -159,6 +161,8 @@ def _wait_for(path_glob: tuple[Path, str], proc: subprocess.Popen, timeout: floa
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
+@pytest.mark.ray
+@pytest.mark.engine
 def test_resume_after_the_driver_is_killed(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
                       train={"mode": "real", "iterations": 3, "warm_start": {"method": "none"}, "checkpoint_every": 1})

@@ -20,8 +20,11 @@ Modules (no Ray in here; the Ray replicas and their router live in ``actors/expe
   ``step_batch`` steps many at once) and a ``gymnasium.Env`` wrapper with text spaces.
 - ``annotate``: reasoning traces for offline transitions (template rationale or a teacher LLM).
 - ``evaluate``: metrics on held-out real transitions beside the retrieval-only copy baseline.
-- ``setup``: the pieces built from the ``experience_model`` config section; ``commands``: the bodies of
-  ``dreamgym annotate`` / ``train-experience-model`` / ``eval-experience-model``.
+- ``setup``: the pieces built from the ``experience_model`` config section; ``backends``: the client of
+  the ``http`` and ``local`` backends (``ray``: ``actors/experience_model.py``).
+
+The bodies of ``dreamgym annotate`` / ``train-experience-model`` / ``eval-experience-model`` are in
+``dreamgym/commands/experience.py``.
 
 SFT lives in ``learner/sft_experience.py``; the benchmark in ``bench/bench_experience_model.py``.
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dreamgym.errors import ReplayStorageUnavailableError, VectorSizeError
+from dreamgym.errors import ReplayStorageUnavailableError, SnapshotError, VectorSizeError
 from dreamgym.replay.encoder import Encoder, normalise
 from dreamgym.replay.filters import Condition, Filters, parse_filters
 from dreamgym.replay.records import payload_transition, point_id, point_payload
@@ -315,11 +315,35 @@ class ReplayBuffer:
         part = write_part(self, directory, "part-000")
         return write_manifest(directory, [part], dim=self.store.dim, encoder=self.encoder.name, num_shards=1)
 
-    def restore(self, directory: str | Path) -> int:
-        """Load a snapshot into this (empty) buffer; returns the number of points restored."""
-        from dreamgym.replay.snapshot import restore_into
+    def restore(self, directory: str | Path, batch_size: int = 4096) -> int:
+        """Load the points of a snapshot that belong to this shard into this (empty) buffer; returns how many.
 
-        return restore_into(self, directory)
+        With the snapshot's shard layout every payload comes back identical (``seq`` included); with
+        another layout this shard keeps the points its hash routes to it, renumbered in snapshot order.
+        """
+        from dreamgym.replay.snapshot import read_manifest, read_shard
+
+        d = Path(directory)
+        m = read_manifest(d)
+        if len(self):
+            raise SnapshotError(
+                f"restore needs an empty replay buffer, but the one at {self.store.where} holds {len(self)} "
+                "transitions; restore into a new replay.path (or collection)"
+            )
+        if m["dim"] != self.store.dim:
+            raise SnapshotError(
+                f"replay snapshot {d} holds {m['dim']}-d vectors (encoder {m['encoder']!r}) but the buffer at "
+                f"{self.store.where} holds {self.store.dim}-d ones; restore it into a buffer built with that encoder "
+                "(replay.encoder)"
+            )
+        restored = 0
+        for ids, vecs, payloads in read_shard(d, m, self.shard, self.num_shards, self._next_seq, batch_size):
+            self._insert(ids, vecs, payloads)
+            restored += len(ids)
+        self._evict()
+        if not self.exact:
+            self.optimize()
+        return restored
 
     def optimize(self) -> None:
         """Build the vector index (``hnsw``) and vacuum deleted points, where the backend does it on request."""

@@ -13,6 +13,9 @@ A snapshot folder holds, per part (one part per shard):
 Restoring verifies checksums, schemas, row counts and that each id is the hash of its row's content
 before it writes anything, so a damaged snapshot fails with a ``SnapshotError`` naming the file and
 the problem instead of restoring half a buffer.
+
+This module knows the files, not the buffer: ``ReplayBuffer.snapshot`` and ``ReplayBuffer.restore``
+(``buffer.py``) call it, never the other way round.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +35,8 @@ import pyarrow.parquet as pq
 from dreamgym.data.transitions import TransitionWriter, iter_batches
 from dreamgym.errors import DataSchemaError, SnapshotError
 from dreamgym.replay.records import payload_transition, point_id, point_payload, shard_of
+from dreamgym.replay.storage import StoredPoint
 from dreamgym.types import Transition
-
-if TYPE_CHECKING:
-    from dreamgym.replay.buffer import ReplayBuffer
 
 FORMAT = "dreamgym-replay-snapshot"
 VERSION = 1
@@ -61,8 +62,22 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class _Store(Protocol):
+    dim: int
+
+
+class PointSource(Protocol):
+    """What ``write_part`` reads: a ``ReplayBuffer`` (its shard, its vector size, its points in ``seq`` order)."""
+
+    shard: int
+    store: _Store
+
+    def iter_points(self, filters: Any = None, batch_size: int = 1024,
+                    with_vectors: bool = False) -> Iterator[list[StoredPoint]]: ...
+
+
 # -- writing --------------------------------------------------------------------------------------
-def write_part(buffer: ReplayBuffer, directory: str | Path, name: str, batch_size: int = 4096) -> dict[str, Any]:
+def write_part(buffer: PointSource, directory: str | Path, name: str, batch_size: int = 4096) -> dict[str, Any]:
     """Write every point of ``buffer`` as part ``name`` (streamed a page at a time); returns its manifest entry."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -215,43 +230,29 @@ class _RowTaker:
 
 
 # -- restoring ------------------------------------------------------------------------------------
-def restore_into(buffer: ReplayBuffer, directory: str | Path, batch_size: int = 4096) -> int:
-    """Restore the snapshot's points that belong to ``buffer``'s shard; returns how many were written.
+def read_shard(directory: str | Path, manifest: dict[str, Any], shard: int, num_shards: int, first_seq: int,
+               batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray, list[dict[str, Any]]]]:
+    """The points of the snapshot that belong to shard ``shard`` of ``num_shards``, as ``(ids, vectors,
+    payloads)`` batches ready for ``ReplayBuffer.restore`` to insert; every checksum is verified first.
 
-    With the same shard layout as the snapshot, a shard restores its own part and every payload is
-    identical (``seq`` included). With another layout, each shard keeps the rows its hash routes to it
-    and renumbers ``seq`` in snapshot order.
+    With the same shard layout as the snapshot, the shard's own part is read and every payload is
+    identical (``seq`` included). With another layout, every part is read, the rows whose hash routes to
+    ``shard`` are kept and ``seq`` is renumbered from ``first_seq`` in snapshot order.
     """
     d = Path(directory)
-    m = read_manifest(d)
-    if len(buffer):
-        raise SnapshotError(
-            f"restore needs an empty replay buffer, but the one at {buffer.store.where} holds {len(buffer)} "
-            "transitions; restore into a new replay.path (or collection)"
-        )
-    if m["dim"] != buffer.store.dim:
-        raise SnapshotError(
-            f"replay snapshot {d} holds {m['dim']}-d vectors (encoder {m['encoder']!r}) but the buffer at "
-            f"{buffer.store.where} holds {buffer.store.dim}-d ones; restore it into a buffer built with that encoder "
-            "(replay.encoder)"
-        )
-    same = m["num_shards"] == buffer.num_shards
-    parts = [p for p in m["parts"] if p["shard"] == buffer.shard] if same else list(m["parts"])
+    same = manifest["num_shards"] == num_shards
+    parts = [p for p in manifest["parts"] if p["shard"] == shard] if same else list(manifest["parts"])
     for p in parts:  # all checksums first: a damaged snapshot must not restore half a buffer
         verify_part(d, p)
-    restored = 0
+    seq = first_seq
     for p in parts:
-        for ids, vecs, payloads in iter_part(d, p, m["dim"], batch_size):
+        for ids, vecs, payloads in iter_part(d, p, manifest["dim"], batch_size):
             if not same:
-                keep = [i for i, pid in enumerate(ids) if shard_of(pid, buffer.num_shards) == buffer.shard]
+                keep = [i for i, pid in enumerate(ids) if shard_of(pid, num_shards) == shard]
                 ids, vecs = [ids[i] for i in keep], vecs[keep]
                 payloads = [payloads[i] for i in keep]
-                for j, pl in enumerate(payloads):
-                    pl["seq"] = buffer._next_seq + j
+                for pl in payloads:
+                    pl["seq"] = seq
+                    seq += 1
             if ids:
-                buffer._insert(ids, vecs, payloads)
-                restored += len(ids)
-    buffer._evict()
-    if not buffer.exact:
-        buffer.optimize()
-    return restored
+                yield ids, vecs, payloads

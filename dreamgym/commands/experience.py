@@ -1,14 +1,18 @@
-"""The experience-model subcommands' bodies (``dreamgym annotate``, ``train-experience-model``,
-``eval-experience-model``). ``cli.py`` imports this lazily; heavy imports stay inside the functions."""
+"""``dreamgym annotate``, ``train-experience-model`` and ``eval-experience-model``.
+
+``run_annotate``, ``run_train`` and ``run_eval`` do the work and return their summaries; the ``cmd_*``
+bodies load the config and print them. Heavy imports stay inside the functions.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from dreamgym.config import DreamGymConfig
+from dreamgym.config import DreamGymConfig, load_config
 from dreamgym.errors import ConfigError
 from dreamgym.runs import MetricsLog, create_run_dir
 
@@ -75,11 +79,14 @@ def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
     if em.model != "none":
         if em.backend == "ray":
             from actors.cluster import connect
+            from actors.experience_model import connect_experience_model
 
             connect(cfg.ray)
-        from actors.experience_model import connect_experience_model
+            client = connect_experience_model(em)
+        else:
+            from dreamgym.experience.backends import open_client
 
-        client = connect_experience_model(em)
+            client = open_client(em)
         model = build_model(em, client, cfg.env.state_max_chars)
     try:
         result = evaluate(e.data, e.store, opts, model.predict if model else None, limit=e.limit,
@@ -96,3 +103,33 @@ def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
     result["json"] = str(out)
     result["run_dir"] = str(run_dir)
     return result, format_table(result)
+
+
+def cmd_annotate(args: argparse.Namespace, overrides: list[str]) -> int:
+    s = run_annotate(load_config(args.config, overrides))
+    print(f"annotated {s['rows']} transitions ({s['teacher']} by the teacher, {s['template']} by template) "
+          f"into {s['out']} in {s['seconds']:.1f} s; run directory {s['run_dir']}")
+    return 0
+
+
+def cmd_train_experience_model(args: argparse.Namespace, overrides: list[str]) -> int:
+    s = run_train(load_config(args.config, overrides))
+    print(f"trained on {s['examples_seen']} of {s['examples']} examples ({s['transitions']} transitions, "
+          f"{s['duplicates']} duplicates) for "
+          f"{s['steps']} steps in {s['train_seconds']:.0f} s: loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}; "
+          f"model in {s['out']}; run directory {s['run_dir']}")
+    return 0
+
+
+def cmd_eval_experience_model(args: argparse.Namespace, overrides: list[str]) -> int:
+    result, table = run_eval(load_config(args.config, overrides))
+    d = result["data"]
+    print(f"{d['evaluated']} held-out transitions ({d['unseen']} with an unseen (state, action)); "
+          f"store {d['store_transitions']} transitions; model {d['model']} ({d['backend']})")
+    print(table)
+    if "model_stats" in result:
+        st = result["model_stats"]
+        print(f"model calls {st['model_calls']}, retries {st['retries']}, invalid {st['invalid']}, "
+              f"reasons {st['reasons']}")
+    print(f"JSON: {result['json']}")
+    return 0

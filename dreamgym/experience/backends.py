@@ -1,0 +1,31 @@
+"""The experience model's backends that run without Ray: ``http`` and ``local``.
+
+``http``: any OpenAI-compatible server at ``experience_model.url`` (``OpenAIClient``). ``local``: an
+in-process async vLLM engine (``InProcessClient``). The ``ray`` backend, replicas behind a least-loaded
+router, is ``actors.experience_model.connect_experience_model``.
+"""
+
+from __future__ import annotations
+
+from dreamgym.config import ExperienceModelConfig
+from dreamgym.experience.client import ExperienceClient
+from dreamgym.experience.http_client import ExperienceBackendError, OpenAIClient
+
+
+def open_client(cfg: ExperienceModelConfig, model_path: str | None = None) -> ExperienceClient:
+    """An ``ExperienceClient`` for ``cfg.backend`` ``http`` or ``local`` (``model_path``: the engine's weights;
+    default: ``cfg.model`` resolved)."""
+    if cfg.backend == "http":
+        if not cfg.url:
+            raise ExperienceBackendError("experience_model.backend is 'http' but experience_model.url is not set")
+        return OpenAIClient(cfg.url, cfg.served_model_name, cfg.api_key, cfg.request_timeout_s, cfg.http_concurrency)
+    if cfg.backend == "local":
+        from dreamgym.experience.engine import InProcessClient
+        from dreamgym.experience.setup import engine_options
+        from dreamgym.models import resolve_model
+
+        path = str(model_path or resolve_model(cfg.model))
+        return InProcessClient(engine_options(cfg, path, 0), timeout_s=cfg.request_timeout_s)
+    raise ValueError(
+        f"experience_model.backend {cfg.backend!r} needs Ray: use actors.experience_model.connect_experience_model"
+    )
