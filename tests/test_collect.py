@@ -18,6 +18,8 @@ from dreamgym.errors import EnvironmentSpecError
 
 DREAMGYM = str(Path(sys.executable).with_name("dreamgym"))
 
+pytestmark = pytest.mark.ray
+
 
 def _collect(tmp_path, *overrides: str) -> dict:
     cfg = load_config(None, ["--run.out_dir", str(tmp_path / "runs"), "--collect.episodes_per_batch", "8",

@@ -91,6 +91,7 @@ def test_curriculum_actor_in_local_ray(ray_cluster: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_curriculum_actor_with_a_vllm_experience_model(ray_cluster: Any, tmp_path: Path) -> None:
     """The actor builds a real vLLM engine (a tiny random Llama) inside itself and generates text
     variants through the experience-model client seam. A random model writes garbage, so the checks

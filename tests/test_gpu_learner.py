@@ -37,6 +37,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.engine
 def test_nccl_weight_sync_matches_learner(ray_cluster: object, tiny: Path) -> None:
     import ray
     import torch

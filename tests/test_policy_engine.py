@@ -22,6 +22,8 @@ from dreamgym.types import AgentTurn, Observation, Task
 from learner.learner import Learner
 from learner.weight_sync import WeightSyncError
 
+pytestmark = [pytest.mark.ray, pytest.mark.engine]
+
 LOGPROB_TOL = 1e-4
 OBJECTS = ["apple", "ball", "cup", "key"]
 TASKS = [Task(f"fetch-{o}", "twx:fetch", f"fetch {o}") for o in OBJECTS]

@@ -120,6 +120,7 @@ def test_collect_job_succeeds(ray_head, tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@pytest.mark.engine
 def test_train_job_succeeds(ray_head, tmp_path) -> None:
     import yaml
     from test_train import tiny_config
