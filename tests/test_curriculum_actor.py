@@ -82,7 +82,14 @@ def test_curriculum_actor_in_local_ray(ray_cluster: Any) -> None:
         assert a == b
         groups = _groups(a, random.Random(5))
         ma, mb = ray.get([actor.step.remote(groups), restored.step.remote(groups)])
-        assert ma == mb
+        # TextWorldExpress hands out a different expert plan per request, so a parameter variant whose plan is
+        # near the step budget may be rejected as ``infeasible`` by one actor and ``not_selected`` by the other
+        # (the accepted variant is the same): the rejection breakdown is the real game's, not the curriculum's.
+        env_dependent = {"rejected", "rejected_by_kind"}
+        assert {k: v for k, v in ma.items() if k not in env_dependent} == {
+            k: v for k, v in mb.items() if k not in env_dependent}
+        assert sum(ma["rejected"].values()) == sum(mb["rejected"].values())
+        assert ray.get(actor.pool.remote()) == ray.get(restored.pool.remote())
     finally:
         for h in (actor, restored):
             if h is not None:
