@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Any
 
 from dreamgym.config import RayConfig
 from dreamgym.errors import DreamGymError
@@ -39,3 +41,46 @@ def cluster_cpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("CPU", 1))
+
+
+def close_actors(actors: list[Any], timeout_s: float = 30.0) -> None:
+    """``close()`` every actor (each releases its environments), then ``ray.kill`` it: a killed actor runs no
+    clean-up of its own, so without the ``close`` every server-side environment it held would leak. An actor
+    that is dead or does not answer within ``timeout_s`` is killed all the same."""
+    import ray
+
+    refs = [a.close.remote() for a in actors]
+    with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in refs:
+        with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            ray.get(ref, timeout=0)
+    for a in actors:
+        ray.kill(a)
+
+
+def unwrap_actor_error(e: BaseException) -> BaseException:
+    """The ``DreamGymError`` an actor raised, out of Ray's wrapping (a ``RayTaskError`` whose text is the
+    whole remote traceback), so the user reads its one-line message; ``e`` itself when there is none."""
+    cause: BaseException | None = e
+    for _ in range(4):  # an actor calling an actor wraps twice
+        cause = getattr(cause, "cause", None)
+        if cause is None:
+            break
+        if isinstance(cause, DreamGymError) and not hasattr(cause, "cause"):
+            return cause
+    return e
+
+
+def cluster_shape(address: str) -> tuple[float, float, float]:
+    """``(CPUs, GPUs, GPUs of the largest live node)`` of the Ray cluster at ``address``; joins and leaves it
+    (starts no actor). Used by ``dreamgym train --dry-run``."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        have = ray.cluster_resources()
+        node_gpus = max((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")), default=0.0)
+    finally:
+        ray.shutdown()
+    return have.get("CPU", 0.0), have.get("GPU", 0.0), node_gpus

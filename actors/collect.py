@@ -15,11 +15,12 @@ import pyarrow as pa
 import ray
 from tqdm import tqdm
 
-from actors.cluster import cluster_cpus, connect
+from actors.cluster import close_actors, cluster_cpus, connect, unwrap_actor_error
 from dreamgym.collect import EpisodeStats, collect_range
 from dreamgym.config import DreamGymConfig, EnvConfig
 from dreamgym.data.transitions import TransitionWriter, transitions_to_batch
 from dreamgym.envs.registry import make_env
+from dreamgym.errors import ConfigError
 from dreamgym.policies import make_policy
 from dreamgym.runs import MetricsLog, create_run_dir
 
@@ -38,6 +39,11 @@ class CollectWorker:
     def ready(self) -> bool:
         return True
 
+    def close(self) -> bool:
+        """Release the environment (a remote one holds a server-side environment: a JVM on ScienceWorld)."""
+        self.env.close()
+        return True
+
     def run(self, first: int, count: int) -> tuple[pa.RecordBatch, EpisodeStats]:
         transitions, stats = collect_range(
             self.env, self.policy, first, count, self.split, self.run_seed, self.run_tag
@@ -53,6 +59,8 @@ def _num_workers(cfg: DreamGymConfig) -> int:
 
 def run_collect(cfg: DreamGymConfig, progress: bool = True) -> dict[str, Any]:
     """Collect ``cfg.collect.episodes`` episodes; returns the summary also saved in the run dir."""
+    if cfg.collect.episodes < 1:
+        raise ConfigError("collect.episodes is 0: nothing to collect (give --episodes N with N >= 1)")
     # Build one environment in the driver first so a bad spec, a bad parameter or a missing Java
     # runtime fails here with its own message, not inside an actor.
     make_env(cfg.env).close()
@@ -70,7 +78,7 @@ def run_collect(cfg: DreamGymConfig, progress: bool = True) -> dict[str, Any]:
     try:
         ray.get([w.ready.remote() for w in workers])
     except ray.exceptions.RayActorError as e:
-        raise _actor_error(e) from None
+        raise unwrap_actor_error(e) from None
 
     ranges = [(c.first_seed + s, min(c.episodes_per_batch, c.episodes - s))
               for s in range(0, c.episodes, c.episodes_per_batch)]
@@ -100,11 +108,10 @@ def run_collect(cfg: DreamGymConfig, progress: bool = True) -> dict[str, Any]:
                 metrics.write(event="batch", episodes=total.episodes, transitions=total.transitions,
                               successes=total.successes, elapsed_s=round(elapsed, 3))
         except ray.exceptions.RayTaskError as e:
-            raise _actor_error(e) from None
+            raise unwrap_actor_error(e) from None
         finally:
             bar.close()
-            for w in workers:
-                ray.kill(w)
+            close_actors(workers)
     elapsed = time.perf_counter() - start
     summary = {
         "out": str(out),
@@ -120,14 +127,3 @@ def run_collect(cfg: DreamGymConfig, progress: bool = True) -> dict[str, Any]:
     }
     metrics.write(event="summary", **summary)
     return summary
-
-
-def _actor_error(e: Exception) -> Exception:
-    """Unwrap a DreamGymError raised inside an actor so the user sees its message, not Ray's."""
-    from dreamgym.errors import DreamGymError
-
-    cause = getattr(e, "cause", None)
-    for candidate in (cause, getattr(cause, "cause", None)):
-        if isinstance(candidate, DreamGymError):
-            return candidate
-    return e

@@ -2,7 +2,8 @@
 
 Thin on purpose: the logic is ``dreamgym.curriculum.Curriculum``. The actor owns one real
 environment of ``env.name`` (seed tasks, the task grammar's vocabulary, and resetting parameter
-variants to check them) and a text generator for text variants: either a picklable ``generator``
+variants to check them) when the run trains in it; a synthetic-only run takes its seed tasks from the
+offline data instead and a text generator for text variants: either a picklable ``generator``
 (e.g. ``ClientTextGenerator`` over the experience model's Ray client) or a ``generator_factory`` called
 inside the actor (for a generator that owns an engine or threads and cannot be pickled).
 
@@ -38,12 +39,18 @@ class CurriculumActor:
         generator_factory: Callable[[], TextGenerator] | None = None,
         use_env: bool = True,
         state: dict[str, Any] | None = None,
+        offline_data: str | None = None,
     ) -> None:
         self.cfg = DreamGymConfig.model_validate(cfg)
         self.env = make_env(self.cfg.env) if use_env else None
         if generator is None and generator_factory is not None:
             generator = generator_factory()
-        self.curriculum = build_curriculum(self.cfg, env=self.env, generator=generator)
+        facts = None
+        if self.env is None and offline_data is not None:
+            from dreamgym.data.task_facts import OfflineTaskFacts
+
+            facts = OfflineTaskFacts.from_parquet(offline_data, env=self.cfg.env.name)
+        self.curriculum = build_curriculum(self.cfg, env=self.env, generator=generator, facts=facts)
         if state is not None:
             self.curriculum.load_state_dict(state)
 
@@ -106,9 +113,11 @@ def create_curriculum_actor(
     num_cpus: float = 0.25,
     name: str | None = None,
     runtime_env: dict[str, Any] | None = None,
+    offline_data: str | None = None,
 ) -> ActorHandle:
     """Start a ``CurriculumActor`` for ``cfg`` (a fraction of a CPU: it mostly waits). A generator
-    that owns an engine needs its environment variables in ``runtime_env`` (``engine_env``)."""
+    that owns an engine needs its environment variables in ``runtime_env`` (``engine_env``). With
+    ``use_env=False`` the seed tasks come from ``offline_data`` (or the task file)."""
     opts: dict[str, Any] = {"num_cpus": num_cpus}
     if name:
         opts["name"] = name
@@ -116,4 +125,4 @@ def create_curriculum_actor(
         opts["runtime_env"] = runtime_env
     cls = ray.remote(CurriculumActor).options(**opts)
     return cls.remote(cfg.model_dump(mode="json"), generator=generator, generator_factory=generator_factory,
-                      use_env=use_env, state=state)
+                      use_env=use_env, state=state, offline_data=offline_data)

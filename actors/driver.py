@@ -137,7 +137,10 @@ class Run:
 
     # -- evaluation ------------------------------------------------------------------------------------
     def evaluate(self, label: str) -> None:
+        """The policy on the held-out tasks, beside the random-valid-action baseline (``train.eval``)."""
         t = self.cfg.train
+        if not t.eval.enabled:
+            return
         tasks = repeat_tasks(self.eval_tasks, t.eval.episodes_per_task)
         t0 = time.perf_counter()
         if self.state.baseline is None:
@@ -237,7 +240,7 @@ class Run:
             st.invalid_transitions += int(s["invalid_transitions"])
         st.real_resets = max(st.real_resets, int(s["real_resets"]))
         self.progress.rollouts(launched.iteration + 1, phase, s, st.real_transitions, self.cfg.train.real_budget)
-        groups, left_out = group_trajectories(trajs, min_size=2)
+        groups, left_out = group_trajectories(trajs, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2)
         version = int(ray.get(self.a.learner.version.remote()))
         fresh, stale = split_stale(groups, version, self.cfg.train.max_staleness)
         log.note(phase=phase, rollout=s, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
@@ -273,11 +276,12 @@ class Run:
         check_resources(cfg)  # before any work: a run that cannot place its actors fails now
         t0 = time.perf_counter()
         offline = offline_data(cfg, self.run_dir, self.say)
-        if not st.offline_transitions:
+        if not st.offline_transitions and offline is not None:
             from dreamgym.data.transitions import open_transitions
 
             st.offline_transitions = int(open_transitions(offline).metadata.num_rows)
-        if cfg.train.experience_sft and self.schedule.uses_synthetic and cfg.experience_model.backend == "ray":
+        if (cfg.train.experience_sft and self.schedule.uses_synthetic and cfg.experience_model.backend == "ray"
+                and offline is not None):
             t1 = time.perf_counter()
             cfg.experience_model.model = str(experience_sft(cfg, offline, self.run_dir, self.say))
             st.add_phase("experience_sft", time.perf_counter() - t1)
@@ -289,13 +293,13 @@ class Run:
         if self.resumed_from is not None:
             _, curriculum_state = load_driver_state(self.resumed_from)
         self.a = start_actors(cfg, self.run_dir, offline, self.resumed_from, curriculum_state, self.say)
-        if cfg.train.seed_replay and not st.replay_seeded:
+        if cfg.train.seed_replay and not st.replay_seeded and offline is not None:
             rep = seed_replay(self.a.replay, offline, cfg.replay.write_batch_size)
             st.replay_seeded = True
             self.say(f"replay buffer seeded: {rep['stored']} real transitions stored ({rep['duplicates']} "
                      f"duplicates) in {rep['seconds']:.1f} s")
             self.record("replay_seed", st.iteration, **rep)
-        if not self.eval_tasks:
+        if not self.eval_tasks and cfg.train.eval.enabled:
             t = cfg.train
             self.eval_tasks = ray.get(self.a.workers[0].tasks.remote(t.eval.tasks, t.eval.first_seed, t.eval.split))
             st.eval_tasks = [x.to_dict() for x in self.eval_tasks]
@@ -318,7 +322,7 @@ class Run:
             launched = self.iterate(launched)
         if not self.schedule.budget_left(st.real_transitions):
             self.say(f"real-transition budget spent ({st.real_transitions}/{cfg.train.real_budget})", "s2r")
-        if not st.evals or st.evals[-1]["iteration"] != st.iteration:
+        if cfg.train.eval.enabled and (not st.evals or st.evals[-1]["iteration"] != st.iteration):
             self.evaluate("final")
         st.wall_seconds += time.time() - self.t_session
         self.t_session = time.time()

@@ -44,7 +44,14 @@ class ExperienceModelReplica:
 
     async def start(self) -> dict[str, Any]:
         """Build the engine (inside the actor's event loop); returns ``info()``."""
+        from dataclasses import replace
+
+        from dreamgym.models import is_hub_id, resolve_model
+
         t0 = time.perf_counter()
+        if is_hub_id(self.opts.model):  # through this node's HF cache (downloaded unless HF_HUB_OFFLINE=1)
+            self.opts = replace(self.opts, model=str(resolve_model(self.opts.model)))
+            self.engine = AsyncEngine(self.opts)
         self.engine.start()
         self.start_seconds = time.perf_counter() - t0
         return await self.info()
@@ -74,31 +81,54 @@ class ExperienceModelReplica:
 
 
 def start_replicas(
-    cfg: ExperienceModelConfig, model_path: str | None = None, count: int | None = None, name_prefix: str | None = None
+    cfg: ExperienceModelConfig, model_path: str | None = None, count: int | None = None, name_prefix: str | None = None,
+    placements: Sequence[tuple[dict[str, Any], dict[str, str]]] | None = None,
 ) -> list[ActorHandle]:
     """Start ``count`` (default ``cfg.replicas``) replicas with the config's resources; returns once all
-    engines are up (raises if one fails to start)."""
-    from dreamgym.models import resolve_model
+    engines are up (raises naming the replicas that failed or were not up within
+    ``experience_model.engine.start_timeout_s``).
 
-    path = str(model_path or resolve_model(cfg.model))
+    ``placements``: per replica, the Ray options and extra environment of ``actors.placement.actor_options``
+    (its placement-group bundles); required for a tensor-parallel replica."""
+    from actors.placement import wait_started
+
     n = count or cfg.replicas
+    if cfg.engine.tensor_parallel_size > 1 and placements is None:
+        raise ValueError("a tensor-parallel replica runs in its placement group's bundles: pass placements "
+                         "(actors.placement.actor_options of dreamgym.placement.plan_placement)")
+    if placements is not None and len(placements) != n:
+        raise ValueError(f"{len(placements)} placements for {n} experience-model replicas")
+    # An alias or a folder resolves here; a hub id is resolved by each replica on its own node (its HF cache).
+    path = str(model_path) if model_path else _driver_side_path(cfg.model)
     handles = []
     for i in range(n):
         opts = engine_options(cfg.model_copy(update={"replicas": n}), path, i)
-        options: dict[str, Any] = {
-            "num_cpus": cfg.engine.num_cpus, "num_gpus": cfg.engine.gpus(),
-            "runtime_env": {"env_vars": engine_env(opts)}, "max_concurrency": 1000,
-        }
+        env = engine_env(opts)
+        options: dict[str, Any] = {"num_cpus": cfg.engine.num_cpus, "num_gpus": cfg.engine.gpus(),
+                                   "max_concurrency": 1000}
+        if placements is not None:
+            placed, extra_env = placements[i]
+            options.update(placed)
+            env.update(extra_env)
+        options["runtime_env"] = {"env_vars": env}
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
         handles.append(ray.remote(ExperienceModelReplica).options(**options).remote(opts, i))
     try:
-        ray.get([h.start.remote() for h in handles], timeout=cfg.request_timeout_s)
+        wait_started({h.start.remote(): f"experience-replica-{i}" for i, h in enumerate(handles)},
+                     cfg.engine.start_timeout_s, "experience_model.engine.start_timeout_s")
     except Exception:
         for h in handles:
             ray.kill(h)
         raise
     return handles
+
+
+def _driver_side_path(model: str) -> str:
+    """A local alias or folder as its folder (built here once); a hub id unchanged, for the replica to resolve."""
+    from dreamgym.models import is_hub_id, resolve_model
+
+    return model if is_hub_id(model) else str(resolve_model(model))
 
 
 class ReplicaRouter:

@@ -111,8 +111,10 @@ def create_learner(cfg: DreamGymConfig, checkpoint: str | Path | None = None,
                    placement: dict[str, Any] | None = None) -> ActorHandle:
     """Start the learner actor with ``learner.num_cpus`` / ``learner.num_gpus``; returns once it is built."""
     t = cfg.learner
+    from dreamgym.models import hub_env
+
     env_vars = {"OMP_NUM_THREADS": str(t.threads), "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+                **hub_env(), "TOKENIZERS_PARALLELISM": "false"}
     opts: dict[str, Any] = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus,
                             "runtime_env": {"env_vars": env_vars}, "max_concurrency": 1}
     if placement:

@@ -9,7 +9,8 @@ token sequences (``score``); and it receives new weights, either from the Ray ob
 ``dreamgym.vllm_engine.VllmPolicy``.
 
 CPU: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``OMP_NUM_THREADS`` go into the actor's
-``runtime_env`` (Ray would set one thread). GPU: one GPU per engine (tensor parallel size 1).
+``runtime_env`` (Ray would set one thread). GPU: ``policy.engine.tensor_parallel_size`` GPUs per engine, in the
+one-GPU bundles of its placement group (``dreamgym.placement``).
 """
 
 from __future__ import annotations
@@ -81,8 +82,36 @@ class PolicyEngine:
         return self.policy.param_checksum(name)
 
     # -- weights: vLLM weight-transfer API (GPU, NCCL) ------------------------------------------------
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.policy.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+    def init_weight_transfer_engine(self, init_info: dict[str, Any], timeout_s: float | None = None) -> None:
+        """Join the learner's NCCL group (rank ``rank_offset`` + this engine's tensor-parallel rank).
+
+        The rendezvous runs in a helper thread bounded by ``timeout_s``: a learner that never arrives must not
+        keep this actor (one call at a time) blocked, or every rollout queued behind it stalls. On timeout the
+        call raises naming this engine and the rendezvous; the engine keeps serving, and the helper thread,
+        stuck in the rendezvous, ends with the actor.
+        """
+        import threading
+
+        box: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                self.policy.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+            except BaseException as e:  # surfaced to the caller below
+                box["error"] = e
+
+        t = threading.Thread(target=join, name=f"{self.name}-nccl-init", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if t.is_alive():
+            raise TimeoutError(
+                f"{self.name}: NCCL weight-transfer rendezvous with {init_info.get('master_address')}:"
+                f"{init_info.get('master_port')} (rank offset {init_info.get('rank_offset')}, world size "
+                f"{init_info.get('world_size')}) did not complete within {timeout_s:g} s; is the learner's "
+                "address reachable from this engine's node, and did every engine get its own ranks?"
+            )
+        if "error" in box:
+            raise box["error"]
 
     def start_weight_update(self) -> None:
         self.policy.llm.collective_rpc("start_weight_update")
@@ -108,9 +137,23 @@ def create_policy_engines(
     model_path: str | Path | None = None,
     weight_transfer_backend: str | None = None,
     name_prefix: str | None = None,
+    placements: Sequence[tuple[dict[str, Any], dict[str, str]]] | None = None,
 ) -> list[ActorHandle]:
-    """Start ``num_engines`` (default ``cfg.num_engines``) engine actors; returns once all are ready."""
+    """Start ``num_engines`` (default ``cfg.num_engines``) engine actors; returns once all are ready.
+
+    ``weight_transfer_backend="nccl"`` for the GPU weight sync (``actors.weight_sync.NcclWeightSync``).
+    ``placements``: per engine, the Ray options and extra environment of ``actors.placement.actor_options``
+    (its placement-group bundle); without them each engine asks for ``cfg.engine`` resources itself. The start
+    is bounded by ``cfg.engine.start_timeout_s``; an engine not up by then is named in the error.
+    """
+    from actors.placement import wait_started
+
     count = num_engines or cfg.num_engines
+    if cfg.engine.tensor_parallel_size > 1 and placements is None:
+        raise ValueError("a tensor-parallel engine runs in its placement group's bundles: pass placements "
+                         "(actors.placement.actor_options of dreamgym.placement.plan_placement)")
+    if placements is not None and len(placements) != count:
+        raise ValueError(f"{len(placements)} placements for {count} policy engines")
     env = engine_env(cfg.engine.device, cfg.engine.omp_threads)
     handles = []
     for i in range(count):
@@ -121,13 +164,14 @@ def create_policy_engines(
         elif cfg.engine.device == "cpu" and count > 1:
             # vLLM's automatic binding pins every engine of a node to the same cores; let the OS place them.
             env_i["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        options: dict[str, Any] = {
-            "num_cpus": cfg.engine.num_cpus,
-            "runtime_env": {"env_vars": env_i},
-            "max_concurrency": 1,
-        }
+        options: dict[str, Any] = {"num_cpus": cfg.engine.num_cpus, "max_concurrency": 1}
         if cfg.engine.device == "cuda":
-            options["num_gpus"] = cfg.engine.num_gpus
+            options["num_gpus"] = cfg.engine.gpus()
+        if placements is not None:
+            placed, extra_env = placements[i]
+            options.update(placed)
+            env_i.update(extra_env)
+        options["runtime_env"] = {"env_vars": env_i}
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
         actor_cls = ray.remote(PolicyEngine).options(**options)
@@ -135,5 +179,11 @@ def create_policy_engines(
             actor_cls.remote(cfg.model_dump(mode="json"), i, str(model_path) if model_path else None,
                              weight_transfer_backend)
         )
-    ray.get([h.info.remote() for h in handles])
+    try:
+        wait_started({h.info.remote(): f"policy-engine-{i}" for i, h in enumerate(handles)},
+                     cfg.engine.start_timeout_s, "policy.engine.start_timeout_s")
+    except Exception:
+        for h in handles:
+            ray.kill(h)
+        raise
     return handles

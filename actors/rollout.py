@@ -1,19 +1,20 @@
 """``RolloutWorker``: a Ray actor that owns environments and runs episodes with the policy engines.
 
-Each worker owns ``train.rollout.envs_per_worker`` real environments (one Java engine each for TextWorldExpress,
-started on first use) and, for synthetic rollouts, as many ``SyntheticEnv`` instances over the shared
-experience-model replicas (least-loaded router) and the replay buffer's retrieval. ``run(tasks, phase)``
-runs one episode per task with ``dreamgym.rollout.run_episodes``; the policy is the engines' batched
+Each worker owns ``train.rollout.envs_per_worker`` environments of each kind it uses, made on first use: real
+ones (one Java engine each for TextWorldExpress), evaluation ones (``train.eval.env``, else the real ones) and
+``SyntheticEnv`` instances over the shared experience-model replicas (least-loaded router) and the replay
+buffer's retrieval. ``run(tasks, phase)`` runs one episode per task with ``dreamgym.rollout.run_episodes``
+in the environment of the phase's ``dreamgym.schedule.rollout_plan``; the policy is the engines' batched
 ``act``, split across the engines.
 
-A ``SyntheticEnv`` needs each task's initial state ``s_0``: the worker reads it by *resetting* the real
-environment on the task (no action is taken, so no real transition is spent), and remembers the valid
-actions of every state it has seen in real data (the offline file and those resets) so the synthetic
-environment can settle inadmissible actions and the agent prompt can list the valid ones.
+A ``SyntheticEnv`` needs each task's initial state ``s_0`` and the valid actions of the states it reaches:
+both come from the real data (``OfflineTaskFacts`` over the offline file). Only when training also uses the
+real environment (``real``, ``s2r``) does a task unknown to the data get its ``s_0`` from a *reset* of the
+real environment (no action is taken, so no real transition is spent); a ``synthetic`` run never opens one.
 
 Phases: ``real`` (training in the real environment), ``synthetic`` (training in the experience model),
 ``eval`` (the policy on held-out real tasks, optionally at another temperature) and ``random`` (the
-random-valid-action baseline on real tasks).
+random-valid-action baseline on the same tasks).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from dreamgym.config import DreamGymConfig
+from dreamgym.data.task_facts import OfflineTaskFacts
 from dreamgym.envs.registry import make_env
 from dreamgym.rollout import ActFn, RolloutStats, random_valid_act, run_episodes
-from dreamgym.schedule import rollout_plan
+from dreamgym.schedule import Schedule, rollout_plan
 from dreamgym.types import ActionSample, AgentTurn, Demonstration, Task, Trajectory
 
 if TYPE_CHECKING:
@@ -72,21 +74,38 @@ class RolloutWorker:
         self.replicas = list(replicas or [])
         self.replay = replay
         self.offline_data = offline_data
-        self.real: list[Environment] = [make_env(self.cfg.env) for _ in range(self.cfg.train.rollout.envs_per_worker)]
-        self.synthetic: list[Environment] | None = None
-        self._initial: dict[str, str] = {}
-        self._valid: dict[str, list[str]] = {}
+        self.schedule = Schedule.from_config(self.cfg.train)
+        self._envs: dict[str, list[Environment]] = {}
+        """Environments by kind (``real``, ``eval``, ``synthetic``), each list made on first use: a run that
+        never trains or evaluates in the real environment never opens one."""
+        self.facts = OfflineTaskFacts()
+        """Tasks, initial states and valid actions known from real data (the offline file, real resets)."""
+        self._reset_initial: dict[str, str] = {}
         self._reset_lock = threading.Lock()
         self.real_resets = 0
         self._experience: Any = None
         self._live: dict[str, Any] = {"phase": None, "episodes": 0, "tasks": 0, "steps": 0}
 
     def ready(self) -> dict[str, Any]:
-        return {"index": self.index, "envs": len(self.real), "engines": len(self.engines)}
+        return {"index": self.index, "engines": len(self.engines)}
+
+    def envs(self, kind: str) -> list[Environment]:
+        """This worker's ``train.rollout.envs_per_worker`` environments of ``kind``, made on first use."""
+        if kind == "eval" and self.cfg.train.eval.env is None:
+            kind = "real"
+        if kind not in self._envs:
+            n = self.cfg.train.rollout.envs_per_worker
+            if kind == "synthetic":
+                self._envs[kind] = self._build_synthetic()
+            else:
+                spec = self.cfg.env if kind == "real" else self.cfg.train.eval.env
+                assert spec is not None
+                self._envs[kind] = [make_env(spec) for _ in range(n)]
+        return self._envs[kind]
 
     def tasks(self, count: int, first: int, split: str) -> list[Task]:
-        """Reproducible tasks of the real environment (the held-out evaluation set)."""
-        return self.real[0].tasks(count, first=first, split=split)
+        """Reproducible tasks of the evaluation environment (the held-out evaluation set)."""
+        return self.envs("eval")[0].tasks(count, first=first, split=split)
 
     # -- synthetic environments ----------------------------------------------------------------------
     def _build_synthetic(self) -> list[Environment]:
@@ -108,12 +127,12 @@ class RolloutWorker:
             from dreamgym.data.transitions import iter_transitions
 
             for t in iter_transitions(self.offline_data):
-                if t.admissible_actions is not None and t.env == self.cfg.env.name:
-                    self._valid.setdefault(t.state, list(t.admissible_actions))
+                if t.env == self.cfg.env.name:
+                    self.facts.add(t)
         retrieve = self._retrieve if self.replay is not None and em.top_k > 0 else None
         return [SyntheticEnv(self._experience, retrieve, self.cfg.env.name, top_k=em.top_k,
                              max_steps=self.cfg.env.max_steps, state_max_chars=self.cfg.env.state_max_chars,
-                             initial_state=self._initial_state, admissible=self._admissible)
+                             initial_state=self._initial_state, admissible=self.facts.admissible)
                 for _ in range(self.cfg.train.rollout.envs_per_worker)]
 
     def _retrieve(self, state: str, action: str, k: int) -> list[Demonstration]:
@@ -121,19 +140,18 @@ class RolloutWorker:
         return self.replay.retrieve(state, action, k, filters={"env": self.cfg.env.name})
 
     def _initial_state(self, task: Task) -> str | None:
-        """``s_0`` of ``task`` from a reset of a real environment (cached; resets spend no transition)."""
-        if task.task_id not in self._initial:
-            with self._reset_lock:
-                obs = self.real[0].reset(task)
-                self.real_resets += 1
-            self._initial[task.task_id] = obs.state
-            if obs.admissible_actions is not None:
-                self._valid.setdefault(obs.state, list(obs.admissible_actions))
-        return self._initial[task.task_id]
-
-    def _admissible(self, state: str) -> list[str] | None:
-        acts = self._valid.get(state)
-        return list(acts) if acts is not None else None
+        """``s_0`` of ``task``: from the offline data; else, when training uses the real environment (``real``,
+        ``s2r``), from a reset of it (cached; a reset spends no transition). A synthetic-only run never resets:
+        a task with no known initial state is refused by the ``SyntheticEnv``, naming it."""
+        known = self.facts.initial_state(task) or self._reset_initial.get(task.task_id)
+        if known is not None or not self.schedule.uses_real_training:
+            return known
+        with self._reset_lock:
+            obs = self.envs("real")[0].reset(task)
+            self.real_resets += 1
+        self._reset_initial[task.task_id] = obs.state
+        self.facts.add_state(obs.state, obs.admissible_actions)
+        return obs.state
 
     # -- rollouts ------------------------------------------------------------------------------------
     def run(self, tasks: list[Task], phase: str, temperature: float | None = None,
@@ -142,11 +160,9 @@ class RolloutWorker:
         plan = rollout_plan(phase)
         threads = 1
         if plan.env == "synthetic":
-            if self.synthetic is None:
-                self.synthetic = self._build_synthetic()
-            envs, threads = self.synthetic, self.cfg.train.rollout.synthetic_threads
+            envs, threads = self.envs("synthetic"), self.cfg.train.rollout.synthetic_threads
         else:
-            envs = self.real
+            envs = self.envs(plan.env)
         act = random_valid_act(seed) if plan.policy == "random" else engines_act(self.engines, temperature)
         em_before = self._experience.stats.copy() if self._experience is not None else None
         self._live = {"phase": phase, "episodes": 0, "tasks": len(tasks), "steps": 0}
@@ -154,13 +170,15 @@ class RolloutWorker:
         def on_step(s: RolloutStats) -> None:
             self._live = {"phase": phase, "episodes": s.episodes, "tasks": len(tasks), "steps": s.steps}
 
-        trajs, stats = run_episodes(envs, tasks, act, source=plan.env, threads=min(threads, len(envs)),
+        source = "synthetic" if plan.env == "synthetic" else "real"
+        trajs, stats = run_episodes(envs, tasks, act, source=source, threads=min(threads, len(envs)),
                                     policy_name=plan.policy,
                                     episode_prefix=f"w{self.index}-{phase}-{seed}", on_step=on_step)
         out: dict[str, Any] = stats.as_dict()
         if em_before is not None and phase == "synthetic":
             spent = self._experience.stats - em_before
             out.update({f"em_{key}": n for key, n in spent.counts().items()})
+            out.update({f"em_reason:{why}": n for why, n in spent.reasons.items()})
         out["real_resets"] = self.real_resets
         return trajs, out
 
@@ -170,8 +188,9 @@ class RolloutWorker:
         return dict(self._live)
 
     def close(self) -> None:
-        for env in self.real + (self.synthetic or []):
-            env.close()
+        for envs in self._envs.values():
+            for env in envs:
+                env.close()
 
 
 def create_rollout_workers(

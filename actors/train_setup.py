@@ -21,14 +21,17 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from actors.cluster import close_actors
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError
+from dreamgym.placement import CURRICULUM_CPUS, PlacementPlan, plan_placement
 from dreamgym.schedule import Schedule
 from dreamgym.types import Transition
 
@@ -38,7 +41,7 @@ STATUS_INTERVAL_S = 30.0
 
 @dataclass
 class Actors:
-    """Handles of one run's actors (the driver kills them at the end)."""
+    """Handles of one run's actors (the driver kills them at the end) and the placement groups they sit in."""
 
     engines: list[Any] = field(default_factory=list)
     replicas: list[Any] = field(default_factory=list)
@@ -46,53 +49,53 @@ class Actors:
     curriculum: Any = None
     workers: list[Any] = field(default_factory=list)
     replay: Any = None
-    placement_group: Any = None
+    placement_groups: dict[str, Any] = field(default_factory=dict)
+    plan: PlacementPlan | None = None
 
     def shutdown(self) -> None:
         if self.replay is not None:
             with contextlib.suppress(Exception):
                 self.replay.close()
-        for h in [*self.workers, self.curriculum, self.learner, *self.replicas, *self.engines]:
+        # Rollout workers and the curriculum hold environments (server-side ones for remote:*): close them first.
+        close_actors([h for h in [*self.workers, self.curriculum] if h is not None])
+        for h in [self.learner, *self.replicas, *self.engines]:
             if h is not None:
                 ray.kill(h)
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
+        if self.placement_groups:
+            from actors.placement import remove_groups
 
-            remove_placement_group(self.placement_group)
-
-
-#: Ray CPUs of the curriculum actor (it mostly waits).
-CURRICULUM_CPUS = 0.25
+            remove_groups(self.placement_groups)
+            self.placement_groups = {}
 
 
 def requested_resources(cfg: DreamGymConfig) -> tuple[float, float]:
-    """``(CPUs, GPUs)`` all actors of a run reserve together."""
-    t, p, em, r = cfg.train, cfg.policy, cfg.experience_model, cfg.replay
-    cpus = p.num_engines * p.engine.num_cpus + cfg.learner.num_cpus + t.rollout.workers * t.rollout.num_cpus
-    cpus += r.shards * r.num_cpus + CURRICULUM_CPUS
-    gpus = cfg.learner.num_gpus + p.num_engines * p.engine.gpus()
-    if Schedule.from_config(cfg.train).uses_synthetic and em.backend == "ray":
-        cpus += em.replicas * em.engine.num_cpus
-        gpus += em.replicas * em.engine.gpus()
-    return cpus, gpus
+    """``(CPUs, GPUs)`` all actors of a run reserve together (the totals of ``plan_placement(cfg)``)."""
+    plan = plan_placement(cfg)
+    return plan.total_cpus, plan.total_gpus
 
 
-def check_resources(cfg: DreamGymConfig) -> None:
-    """Fail fast (instead of waiting forever for actors) when the cluster lacks the CPUs/GPUs asked for."""
-    cpus, gpus = requested_resources(cfg)
-    have = ray.cluster_resources()
-    if cpus > have.get("CPU", 0) + 1e-9 or gpus > have.get("GPU", 0) + 1e-9:
-        raise ConfigError(
-            f"the run's actors ask for {cpus:g} CPUs and {gpus:g} GPUs but the Ray cluster has "
-            f"{have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; lower policy.engine.num_cpus, "
-            "experience_model.engine.num_cpus, learner.num_cpus, train.rollout.num_cpus or replay.num_cpus "
-            "(fractions are fine: they only reserve scheduling slots), or use a bigger cluster"
-        )
+def _ray_is_local(cfg: DreamGymConfig) -> bool:
+    """Whether this run started its own single-node Ray (it cannot grow: no point waiting for resources)."""
+    import os
+
+    return not (cfg.ray.address or os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"))
+
+
+def check_resources(cfg: DreamGymConfig, log: Callable[[str], None] = print,
+                    plan: PlacementPlan | None = None) -> None:
+    """Wait (at most ``ray.resources_timeout_s``; no wait on a locally started Ray) until the cluster offers the
+    CPUs/GPUs all actors ask for, asking an autoscaling cluster for them; raise ``ConfigError`` naming what is
+    missing otherwise."""
+    from actors.placement import wait_for_resources
+
+    timeout = 0.0 if _ray_is_local(cfg) else cfg.ray.resources_timeout_s
+    wait_for_resources(plan or plan_placement(cfg), timeout, log)
 
 
 # -- offline data and the replay buffer -----------------------------------------------------------
-def offline_data(cfg: DreamGymConfig, run_dir: Path, log: Callable[[str], None]) -> Path:
-    """The offline real transitions: ``train.offline_data``, or a collection into ``<run>/offline.parquet``."""
+def offline_data(cfg: DreamGymConfig, run_dir: Path, log: Callable[[str], None]) -> Path | None:
+    """The offline real transitions: ``train.offline_data``, or a collection into ``<run>/offline.parquet``;
+    ``None`` with ``collect.episodes: 0`` (real-mode training only: synthesis starts from real data)."""
     if cfg.train.offline_data is not None:
         path = Path(cfg.train.offline_data)
         if not path.is_file():
@@ -101,6 +104,13 @@ def offline_data(cfg: DreamGymConfig, run_dir: Path, log: Callable[[str], None])
     path = run_dir / "offline.parquet"
     if path.is_file():
         return path
+    if cfg.collect.episodes == 0:
+        if Schedule.from_config(cfg.train).uses_synthetic:
+            raise ConfigError("collect.episodes is 0 and train.offline_data is unset, but synthetic iterations need "
+                              "offline real data (tasks, initial states, demonstrations): collect some episodes or "
+                              "give --train.offline_data F.parquet, or use --train.mode real")
+        log("no offline data (collect.episodes 0): the replay buffer starts empty")
+        return None
     from actors.collect import run_collect
 
     sub = cfg.model_copy(deep=True)
@@ -128,13 +138,15 @@ def seed_replay(replay: Any, data: Path, batch_size: int) -> dict[str, Any]:
 
 # -- the experience model ------------------------------------------------------------------------
 def _experience_sft_task(cfg: dict[str, Any], data: str, out: str) -> dict[str, Any]:
-    """Annotate the offline data with template rationales and fine-tune the experience model on it."""
-    from dreamgym.experience.annotate import TemplateAnnotator, annotate_file
+    """Annotate the offline data (the teacher at ``experience_model.annotate.teacher_url`` when one is set,
+    else template rationales) and fine-tune the experience model on it."""
+    from dreamgym.experience.annotate import annotate_file, annotator_from_config
     from learner.sft_experience import train_experience_model
 
     c = DreamGymConfig.model_validate(cfg)
     annotated = Path(out).parent / "offline_annotated.parquet"
-    annotate_file(data, annotated, TemplateAnnotator(c.experience_model.train.step_budget))
+    em = c.experience_model
+    annotate_file(data, annotated, annotator_from_config(em.annotate, em.train.step_budget))
     c.experience_model.train.data = annotated
     progress = Path(out).parent / "experience_sft.jsonl"
 
@@ -155,8 +167,9 @@ def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Calla
     c.experience_model.train.step_budget = cfg.env.max_steps  # the budget the offline episodes were cut at
     c.experience_model.train.threads = c.experience_model.train.threads or cfg.learner.threads
     c.experience_model.train.log_every = 1
-    env_vars = {"OMP_NUM_THREADS": str(cfg.learner.threads), "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from dreamgym.models import hub_env
+
+    env_vars = {"OMP_NUM_THREADS": str(cfg.learner.threads), **hub_env(), "TOKENIZERS_PARALLELISM": "false"}
     task = ray.remote(_experience_sft_task).options(num_cpus=cfg.learner.num_cpus,
                                                      num_gpus=cfg.learner.num_gpus,
                                                      runtime_env={"env_vars": env_vars})
@@ -195,35 +208,35 @@ def _curriculum_generator(em: dict[str, Any], replicas: list[Any]) -> Any:
     return ClientTextGenerator(connect_experience_model(cfg))
 
 
-def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: Path | None,
+def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, checkpoint: Path | None,
                  curriculum_state: dict[str, Any] | None, log: Callable[[str], None]) -> Actors:
     from actors.curriculum import create_curriculum_actor
     from actors.learner_actor import create_learner
+    from actors.placement import actor_options, create_groups
     from actors.policy_engine import create_policy_engines
     from actors.rollout import create_rollout_workers
+    from actors.weight_sync import engine_transfer_backend
 
-    check_resources(cfg)
-    a = Actors()
+    plan = plan_placement(cfg)  # the one plan: checked, placed and started as is
+    check_resources(cfg, log, plan)
+    a = Actors(plan=plan)
     pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="start")
     try:
-        learner_opts: dict[str, Any] | None = None
-        if cfg.train.colocate:
-            from ray.util.placement_group import placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        a.placement_groups = create_groups(plan, cfg.ray.resources_timeout_s, log)
 
-            bundles = [{"CPU": cfg.learner.num_cpus, "GPU": cfg.learner.num_gpus}]
-            bundles += [{"CPU": cfg.policy.engine.num_cpus, "GPU": cfg.policy.engine.gpus()}
-                        for _ in range(cfg.policy.num_engines)]
-            a.placement_group = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01}
-                                                 for b in bundles], strategy="STRICT_PACK")
-            ray.get(a.placement_group.ready(), timeout=600)
-            learner_opts = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-                a.placement_group, placement_group_bundle_index=0)}
+        def placed(role: str) -> list[tuple[dict[str, Any], dict[str, str]]]:
+            return [actor_options(x, a.placement_groups) for x in plan.role(role)]
+
+        learner_opts, _ = placed("learner")[0]
+        engine_places = placed("policy-engine")
         # The engines, replicas, learner and replay shards load their models at the same time.
         ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
         f_replay = pool.submit(open_replay, cfg, run_dir)
-        f_engines = pool.submit(create_policy_engines, cfg.policy)
-        f_learner = pool.submit(create_learner, cfg, ckpt, learner_opts)
+        f_engines = pool.submit(create_policy_engines, cfg.policy,
+                                weight_transfer_backend=engine_transfer_backend(cfg),
+                                placements=engine_places if plan.role("policy-engine")[0].group else None)
+        f_learner = pool.submit(create_learner, cfg, ckpt,
+                                {k: v for k, v in learner_opts.items() if k == "scheduling_strategy"} or None)
         f_replicas = None
         if Schedule.from_config(cfg.train).uses_synthetic:
             from actors.experience_model import start_replicas
@@ -232,20 +245,32 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path, checkpoint: 
                 raise ConfigError("dreamgym train reaches the experience model through Ray replicas or HTTP: set "
                                   "experience_model.backend to 'ray' or 'http'")
             if cfg.experience_model.backend == "ray":
-                f_replicas = pool.submit(start_replicas, cfg.experience_model)
+                replica_places = placed("experience-replica")
+                in_groups = any(x.group for x in plan.role("experience-replica"))
+                f_replicas = pool.submit(start_replicas, cfg.experience_model,
+                                         placements=replica_places if in_groups else None)
         a.replay = f_replay.result()
         a.engines = f_engines.result()
         log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.dtype})")
         if f_replicas is not None:
             a.replicas = f_replicas.result()
             log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")
-        a.learner = f_learner.result()
+        # The learner loads the policy model too: bounded like the engines (it has no timeout setting of its own).
+        learner_timeout = max(cfg.policy.engine.start_timeout_s, cfg.experience_model.engine.start_timeout_s)
+        try:
+            a.learner = f_learner.result(timeout=learner_timeout)
+        except FuturesTimeout:
+            raise RuntimeError(f"learner: not up within {learner_timeout:g} s (the larger of policy.engine and "
+                               "experience_model.engine start_timeout_s bounds it)") from None
         factory = None
         if Schedule.from_config(cfg.train).uses_synthetic and cfg.curriculum.llm_variants > 0:
             factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
         a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
-                                               num_cpus=CURRICULUM_CPUS)
-        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, str(offline))
+                                               num_cpus=CURRICULUM_CPUS,
+                                               offline_data=None if offline is None else str(offline),
+                                               use_env=Schedule.from_config(cfg.train).uses_real_training)
+        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay,
+                                           None if offline is None else str(offline))
     except BaseException:
         # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.
         a.shutdown()

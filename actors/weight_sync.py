@@ -7,8 +7,13 @@ reference, Ray resolves it in the actor's process and the engine loads the tenso
 
 ``NcclWeightSync`` (GPU, marked gpu, not runnable on a CPU machine): vLLM's own trainer-side NCCL
 engine (``NCCLTrainerWeightTransferEngine``) broadcasts from the learner's GPU (rank 0) to every
-engine (ranks 1..N) while the engines receive through ``update_weights``; the engine actors expose
-vLLM's start/update/finish weight-transfer calls.
+engine's tensor-parallel workers while the engines receive through ``update_weights``; the engine actors
+expose vLLM's start/update/finish weight-transfer calls. Ranks come from ``dreamgym.placement.NcclRanks``
+(engine ``i``, worker ``j`` -> ``1 + i * t + j``): vLLM's trainer sends every engine the same
+``rank_offset`` 1, so ``_EngineClient`` rewrites it per engine. The rendezvous is the learner's node address
+and a port free there (``learner_rendezvous``, called in the learner actor), and every step of it is bounded:
+the engine side by its own timeout (a failed init must not block the engine actor) and the learner side by
+``learner.sync_timeout_s``.
 
 Both wait for all engines with a deadline: an engine that raises or does not answer in time
 makes ``push`` raise ``WeightSyncError`` with the engine's name and the version.
@@ -16,9 +21,10 @@ makes ``push`` raise ``WeightSyncError`` with the engine's name and the version.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
     from dreamgym.config import DreamGymConfig
+    from dreamgym.placement import NcclRanks
 
 
 def _engine_names(engines: Sequence[ActorHandle]) -> list[str]:
@@ -99,18 +106,35 @@ class ObjectStoreWeightSync(WeightSync):
 
 
 class _EngineClient:
-    """vLLM's ``VLLMWeightSyncClient`` protocol over ``PolicyEngine`` actors, with a deadline per call."""
+    """vLLM's ``VLLMWeightSyncClient`` protocol over ``PolicyEngine`` actors, with a deadline per call.
 
-    def __init__(self, engines: Sequence[ActorHandle], names: Sequence[str], timeout_s: float) -> None:
+    ``init_weight_transfer_engine`` gives each engine its own ``rank_offset`` (``ranks.offset(i)``) and a
+    bounded rendezvous; vLLM's trainer would send all of them offset 1.
+    """
+
+    def __init__(self, engines: Sequence[ActorHandle], names: Sequence[str], timeout_s: float,
+                 ranks: NcclRanks | None = None) -> None:
+        from dreamgym.placement import NcclRanks
+
         self.engines, self.names, self.timeout_s = list(engines), list(names), timeout_s
+        self.ranks = ranks or NcclRanks(len(self.engines))
         self.version = -1
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         refs = {getattr(e, method).remote(*args): n for e, n in zip(self.engines, self.names, strict=True)}
         return _wait_all(refs, self.version, self.timeout_s)
 
+    def init_payloads(self, init_info: dict[str, Any]) -> list[dict[str, Any]]:
+        """The worker init info each engine receives: its own rank offset, the whole group's world size."""
+        return [{**init_info, "rank_offset": self.ranks.offset(i), "world_size": self.ranks.world_size}
+                for i in range(len(self.engines))]
+
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._all("init_weight_transfer_engine", init_info)
+        # The engines give up a little before this side does, so their own error (naming them) arrives first.
+        engine_timeout = max(1.0, self.timeout_s * 0.9)
+        refs = {e.init_weight_transfer_engine.remote(p, engine_timeout): n
+                for e, n, p in zip(self.engines, self.names, self.init_payloads(init_info), strict=True)}
+        _wait_all(refs, self.version, self.timeout_s)
 
     def shutdown_weight_transfer_engine(self) -> None:
         self._all("shutdown_weight_transfer_engine")
@@ -127,11 +151,11 @@ class _EngineClient:
 
 
 class NcclWeightSync(WeightSync):
-    """GPU path: NCCL broadcast from the learner (rank 0) into every engine (one GPU each).
+    """GPU path: NCCL broadcast from the learner (rank 0) into every engine's tensor-parallel workers.
 
     Build it in the learner's process (which owns a CUDA device) after the engines were created
     with ``weight_transfer_backend="nccl"``. ``master_address``/``master_port`` must be reachable
-    from every engine's node.
+    from every engine's node (``learner_rendezvous()``). ``tensor_parallel_size``: GPUs per engine.
     """
 
     def __init__(
@@ -142,17 +166,21 @@ class NcclWeightSync(WeightSync):
         timeout_s: float = 300.0,
         dtype: str = "bfloat16",
         packed: bool = True,
+        tensor_parallel_size: int = 1,
     ) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
+        from dreamgym.placement import NcclRanks
+
         self.dtype = dtype
         self.names = _engine_names(engines)
-        self.client = _EngineClient(engines, self.names, timeout_s)
+        self.ranks = NcclRanks(len(engines), tensor_parallel_size)
+        self.client = _EngineClient(engines, self.names, timeout_s, self.ranks)
         self.timeout_s = timeout_s
         self.init_info = NCCLTrainerInitInfo(
             master_address=master_address,
             master_port=master_port,
-            world_size=1 + len(engines),
+            world_size=self.ranks.world_size,
             packed=packed,
             rank=0,
         )
@@ -186,8 +214,11 @@ class NcclWeightSync(WeightSync):
             self._engine.source = source
             pool.submit(on_device, self._engine.send_weights).result(timeout=self.timeout_s)
         except FutureTimeout:
+            stage = "rendezvous" if self._engine is None else "transfer"
+            where = f"{self.init_info.master_address}:{self.init_info.master_port}"
             raise WeightSyncError(
-                self.names, version, f"NCCL weight transfer did not finish within {self.timeout_s:.3g} s"
+                self.names, version, f"NCCL weight {stage} (learner at {where}, world size "
+                f"{self.ranks.world_size}) did not finish within {self.timeout_s:.3g} s"
             ) from None
         except WeightSyncError:
             raise
@@ -209,40 +240,97 @@ class NcclWeightSync(WeightSync):
             self._engine = None
 
 
-def _list_source_cls() -> type:
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+class _MetaList(list):  # type: ignore[type-arg]
+    """The parameter metadata, readable as an attribute (vLLM 0.33) and callable (vLLM 0.32)."""
 
-    class ListSource(WeightSource):
-        """A ``WeightSource`` over already materialised ``(name, tensor)`` pairs (LoRA merged, on GPU)."""
+    def __call__(self) -> _MetaList:
+        return self
+
+
+def list_source_class(base: type | None = None, param_meta: type | None = None) -> type:
+    """A ``WeightSource`` over already materialised ``(name, tensor)`` pairs, for vLLM 0.32 and 0.33.
+
+    vLLM 0.32 (the CPU stack): ``WeightSource.metadata()`` is an abstract *method* and the trainer iterates
+    the source (``__iter__``). vLLM 0.33 (the ``gpu`` extra): ``WeightSource.metadata`` is a
+    ``functools.cached_property`` (read as ``source.metadata``) and sending iterates ``source.iter_full()``.
+    This class serves both: ``metadata`` is a ``cached_property`` whose value is a list that returns itself
+    when called, and ``__iter__`` and ``iter_full`` yield the same pairs. ``base`` / ``param_meta`` default to
+    the installed vLLM's ``WeightSource`` / ``ParamMeta`` (tests pass stand-ins shaped like either version).
+    """
+    if base is None or param_meta is None:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+        base, param_meta = base or WeightSource, param_meta or ParamMeta
+    meta_cls = param_meta
+
+    class ListSource(base):  # type: ignore[valid-type,misc]
+        """``WeightSource`` over ``(name, tensor)`` pairs (LoRA merged, cast, on the learner's GPU)."""
 
         def __init__(self, pairs: list[tuple[str, torch.Tensor]]) -> None:
             self.pairs = pairs
 
-        def metadata(self) -> list[Any]:
-            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.pairs]
+        @functools.cached_property
+        def metadata(self) -> _MetaList:
+            return _MetaList(meta_cls(n, t.dtype, tuple(t.shape)) for n, t in self.pairs)
 
-        def __iter__(self) -> Any:
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            return iter(self.pairs)
+
+        def iter_full(self) -> Iterator[tuple[str, torch.Tensor]]:
             return iter(self.pairs)
 
     return ListSource
 
 
 def _list_source(pairs: list[tuple[str, torch.Tensor]]) -> Any:
-    return _list_source_cls()(pairs)
+    return list_source_class()(pairs)
+
+
+def learner_rendezvous() -> tuple[str, int]:
+    """``(node IP, free port)`` of this process's node: where the learner (rank 0) opens the NCCL rendezvous.
+
+    Called in the learner actor, so the address is the learner's node as the engines' nodes see it (Ray's
+    node IP), and the port is free there (bound and released; the rendezvous opens it moments later).
+    """
+    import socket
+
+    ip = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = int(s.getsockname()[1])
+    return ip, port
 
 
 def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> WeightSync:
     """The weight sync ``cfg`` asks for: ``learner.weight_sync`` or, for ``auto``, by ``policy.engine.device``.
 
-    The NCCL path needs ``DREAMGYM_NCCL_MASTER`` (``host:port`` of the learner, reachable from the
-    engines' nodes) and engines created with ``weight_transfer_backend="nccl"``.
+    Call it in the learner actor: the NCCL path opens its rendezvous on this process's node
+    (``learner_rendezvous``; ``DREAMGYM_NCCL_MASTER=host:port`` overrides it) and needs engines created with
+    ``weight_transfer_backend="nccl"`` (``sync_backend(cfg)``).
     """
     import os
 
+    kind = sync_backend(cfg)
+    if kind == "object_store":
+        return ObjectStoreWeightSync(engines, dtype=cfg.policy.engine.dtype, timeout_s=cfg.learner.sync_timeout_s)
+    override = os.environ.get("DREAMGYM_NCCL_MASTER")
+    if override:
+        host, _, port_s = override.rpartition(":")
+        port = int(port_s)
+    else:
+        host, port = learner_rendezvous()
+    return NcclWeightSync(engines, host, port, timeout_s=cfg.learner.sync_timeout_s, dtype=cfg.policy.engine.dtype,
+                          tensor_parallel_size=cfg.policy.engine.tensor_parallel_size)
+
+
+def sync_backend(cfg: DreamGymConfig) -> str:
+    """``object_store`` or ``nccl``: ``learner.weight_sync``, or for ``auto`` by ``policy.engine.device``."""
     kind = cfg.learner.weight_sync
     if kind == "auto":
         kind = "nccl" if cfg.policy.engine.device == "cuda" else "object_store"
-    if kind == "object_store":
-        return ObjectStoreWeightSync(engines, dtype=cfg.policy.engine.dtype, timeout_s=cfg.learner.sync_timeout_s)
-    host, _, port = os.environ.get("DREAMGYM_NCCL_MASTER", "127.0.0.1:29555").rpartition(":")
-    return NcclWeightSync(engines, host, int(port), timeout_s=cfg.learner.sync_timeout_s, dtype=cfg.policy.engine.dtype)
+    return kind
+
+
+def engine_transfer_backend(cfg: DreamGymConfig) -> str | None:
+    """The ``weight_transfer_backend`` policy engines must be built with (``None`` for the object store)."""
+    return "nccl" if sync_backend(cfg) == "nccl" else None

@@ -5,11 +5,17 @@ learner steps (forward + backward through the GRPO loss, gradient clipping, Adam
 a tiny random Llama and for SmolLM2-135M-Instruct, on a batch of single-step trajectories of
 ``--seq-len`` tokens (half prompt, half reply). Printed as JSON.
 
+``--algorithms grpo,ppo`` adds PPO rows (``learner.algorithm: ppo``, the critic a value head on a copy of
+the same model): ``tokens_per_s`` is still policy tokens per second of the whole step (critic included),
+``critic_share`` the median fraction of the step spent on the critic (its value pass before the step plus
+its forward/backward and AdamW step), and ``achieved_gflops`` counts the policy's FLOPs only.
+
 FLOPs per trained token use the PaLM estimate ``6 N + 12 L d T`` (``N``: parameters that take part in
 matmuls, i.e. a tied LM head once and no separate input embedding; ``L`` layers, ``d`` model width,
 ``T`` sequence length), counting every processed token (prompt tokens are trained through too).
 
     .venv/bin/python bench/bench_learner.py [--steps 3] [--seq-len 256] [--batch 4] [--skip-smollm2]
+        [--algorithms grpo,ppo]
 """
 
 from __future__ import annotations
@@ -59,11 +65,13 @@ def _batch(seq_len: int, batch: int, vocab: int, seed: int) -> list[Any]:
     return [Group(task, trajs)]
 
 
-def bench_model(name: str, path: Path, precision: str, steps: int, seq_len: int, batch: int) -> dict[str, Any]:
+def bench_model(name: str, path: Path, precision: str, steps: int, seq_len: int, batch: int,
+                algorithm: str = "grpo") -> dict[str, Any]:
     from dreamgym.config import LearnerConfig
     from learner.learner import Learner
 
-    cfg = LearnerConfig(lr=1e-6, device="cpu", precision=precision, micro_batch_tokens=seq_len * batch)
+    cfg = LearnerConfig(lr=1e-6, device="cpu", precision=precision, micro_batch_tokens=seq_len * batch,
+                        algorithm=algorithm)
     learner = Learner(cfg, path, seed=0)
     mc = learner.model.config
     n_params = sum(p.numel() for p in learner.model.parameters())
@@ -71,14 +79,17 @@ def bench_model(name: str, path: Path, precision: str, steps: int, seq_len: int,
     n_matmul = n_params if mc.tie_word_embeddings else n_params - embed
     flops_per_token = 6 * n_matmul + 12 * mc.num_hidden_layers * mc.hidden_size * seq_len
     learner.step(_batch(seq_len, batch, mc.vocab_size, 0))  # warm-up
-    times, tokens = [], []
+    times, tokens, shares = [], [], []
     for s in range(steps):
         m = learner.step(_batch(seq_len, batch, mc.vocab_size, s + 1))
         times.append(m["seconds"])
         tokens.append(m["processed_tokens"])
+        shares.append(m.get("critic_share", 0.0))
     tok_s = sum(tokens) / sum(times)
     return {
         "model": name,
+        "algorithm": algorithm,
+        "critic_share": statistics.median(shares),
         "precision": precision,
         "parameters": n_params,
         "matmul_parameters": n_matmul,
@@ -96,7 +107,9 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--skip-smollm2", action="store_true")
+    ap.add_argument("--algorithms", default="grpo", help="comma-separated: grpo, ppo")
     args = ap.parse_args()
+    algorithms = [a for a in args.algorithms.split(",") if a]
 
     import torch
 
@@ -109,17 +122,19 @@ def main() -> None:
         for dt in samples:
             samples[dt].append(matmul_peak_gflops(dt))
 
-    runs = [("tiny-llama", "float32")]
+    runs = [("tiny-llama", "float32", a) for a in algorithms]
     if not args.skip_smollm2:
-        runs += [("smollm2-135m", "float32"), ("smollm2-135m", "bf16-autocast")]
+        runs += [("smollm2-135m", p, a) for a in algorithms for p in ("float32", "bf16-autocast")
+                 if a == "grpo" or p == "float32"]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {"tiny-llama": build_tiny_model(Path(tmp) / "tiny", seed=0)}
         if not args.skip_smollm2:
             paths["smollm2-135m"] = resolve_model("smollm2-135m")
         sample_peak()
-        for name, precision in runs:
-            results.append(bench_model(name, paths[name], precision, args.steps, args.seq_len, args.batch))
+        for name, precision, algorithm in runs:
+            results.append(bench_model(name, paths[name], precision, args.steps, args.seq_len, args.batch,
+                                       algorithm))
             sample_peak()
     peak = {dt: max(v) for dt, v in samples.items()}
     for r in results:

@@ -100,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, "train")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue a run from its latest checkpoint (its config.yaml; overrides still apply)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the placement plan (every actor's CPUs, GPUs and bundle; total GPUs) and check it "
+                        "against the cluster (ray.address / RAY_ADDRESS, else this machine) or the shape given "
+                        "below; starts no actor")
+    p.add_argument("--cluster-cpus", type=float, default=None, metavar="N",
+                   help="with --dry-run: check against a cluster of N CPUs instead of a live one")
+    p.add_argument("--cluster-gpus", type=float, default=None, metavar="N",
+                   help="with --dry-run: check against a cluster of N GPUs instead of a live one")
+    p.add_argument("--node-gpus", type=float, default=None, metavar="N",
+                   help="with --dry-run: GPUs of the largest node (a packed placement group must fit on one)")
 
     p = sub.add_parser("sft", help="behaviour cloning (warm start) of the policy on gold episodes; writes an HF "
                                     "folder usable as policy.model")

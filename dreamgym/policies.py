@@ -32,8 +32,9 @@ class RandomPolicy(ScriptedPolicy):
     def act(self, obs: Observation, rng: random.Random) -> str:
         if not obs.admissible_actions:
             raise EnvironmentSpecError(
-                "the random policy needs the environment's admissible actions, but this environment gave none; "
-                "set env.admissible_actions true or use --policy gold"
+                "the random policy needs the environment's admissible actions, but this environment gave none "
+                "(env.admissible_actions is false, or the environment has no list of valid actions, like "
+                "remote:webarena); set env.admissible_actions true, or use --policy gold where it has an expert plan"
             )
         return rng.choice(obs.admissible_actions)
 
@@ -58,7 +59,8 @@ class GoldPolicy(ScriptedPolicy):
 
 
 class MixedPolicy(ScriptedPolicy):
-    """Per episode: gold with probability ``gold_fraction``, otherwise random."""
+    """Per episode: gold with probability ``gold_fraction``, otherwise random. An episode drawn gold in an
+    environment without an expert plan for it (most AgentGym servers) is played randomly."""
 
     def __init__(self, gold_fraction: float) -> None:
         self.gold_fraction = gold_fraction
@@ -72,6 +74,8 @@ class MixedPolicy(ScriptedPolicy):
 
     def begin(self, env: Environment, obs: Observation, rng: random.Random) -> None:
         self._current = self._gold if rng.random() < self.gold_fraction else self._random
+        if self._current is self._gold and env.gold_actions() is None:
+            self._current = self._random
         self._current.begin(env, obs, rng)
 
     def act(self, obs: Observation, rng: random.Random) -> str:

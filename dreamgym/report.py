@@ -133,6 +133,28 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def _invalid_reasons(iters: list[dict[str, Any]]) -> list[str]:
+    """Why synthetic replies were refused (malformed, or breaking the family's reward rule), summed over the
+    run, with the share of valid synthetic episodes whose reward agrees with their success."""
+    reasons: dict[str, int] = {}
+    agree = episodes = 0
+    for r in iters:
+        if r.get("phase") != "synthetic":
+            continue
+        s = r["rollout"]
+        for k, v in s.items():
+            if k.startswith("em_reason:"):
+                reasons[k.removeprefix("em_reason:")] = reasons.get(k.removeprefix("em_reason:"), 0) + int(v)
+        agree += int(s.get("outcome_agreements", 0))
+        episodes += int(s["episodes"]) - int(s.get("invalid_episodes", 0))
+    rate = agree / episodes if episodes else None
+    out = [f"- synthetic episodes whose reward agrees with their success: {_pct(rate)} of {episodes} valid episodes"]
+    if reasons:
+        top = ", ".join(f"`{k}` {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:8])
+        out.append(f"- refused experience-model replies by reason (every attempt): {top}")
+    return [*out, ""]
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for a finished (or interrupted) run; returns the report path."""
     run_dir = Path(run_dir)
@@ -165,6 +187,8 @@ def write_report(run_dir: str | Path) -> Path:
             f" (random valid action on the same tasks: {_pct(summary.get('baseline_success'))})",
             "",
         ]
+        if any(r.get("phase") == "synthetic" for r in iters):
+            lines += _invalid_reasons(iters)
     if evals:
         lines += ["## Evaluations (held-out real tasks)", "",
                   "| when | iteration | real transitions used | success | mean reward | random-valid success "
@@ -177,12 +201,14 @@ def write_report(run_dir: str | Path) -> Path:
                          f"{_pct(e.get('invalid_action_rate'))} |")
         lines.append("")
     if iters:
-        lines += ["## Iterations", "", "| it | phase | episodes | reward | success | unparsable | invalid actions "
-                  "| invalid transitions | groups (mixed) | loss | weights |", "|---" * 11 + "|"]
+        lines += ["## Iterations", "", "| it | phase | episodes | reward | success | reward agrees with success "
+                  "| unparsable | invalid actions | invalid transitions | groups (mixed) | loss | weights |",
+                  "|---" * 12 + "|"]
         for r in iters:
             s, lm = r["rollout"], r["learner"]
             lines.append(f"| {r['iteration']} | {r['phase']} | {int(s['episodes'])} | {s['mean_reward']:.2f} | "
-                         f"{_pct(s['success_rate'])} | {_pct(s['unparsable_rate'])} | "
+                         f"{_pct(s['success_rate'])} | {_pct(s.get('outcome_agreement_rate'))} | "
+                         f"{_pct(s['unparsable_rate'])} | "
                          f"{_pct(s['invalid_action_rate'])} | "
                          f"{_pct(s['invalid_transition_rate'])} | {int(r['groups']['groups'])} "
                          f"({int(r['groups']['mixed_groups'])}) | "

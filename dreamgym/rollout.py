@@ -60,6 +60,9 @@ class RolloutStats:
     """Synthetic steps whose experience-model reply was malformed after every retry."""
     invalid_episodes: int = 0
     """Episodes ended by an invalid transition (left out of GRPO groups)."""
+    outcome_agreements: int = 0
+    """Valid episodes whose outcome and reward agree: a success exactly when the episode earned the full
+    reward (1). A simulator that pays without success, or succeeds without paying, lowers it."""
     truncated_replies: int = 0
     """Replies cut by the policy's ``max_tokens``."""
     policy_tokens: int = 0
@@ -91,6 +94,8 @@ class RolloutStats:
         d["unparsable_rate"] = self.unparsable / self.steps if self.steps else 0.0
         d["invalid_action_rate"] = self.invalid_actions / self.actions_checked if self.actions_checked else 0.0
         d["invalid_transition_rate"] = self.invalid_transitions / self.steps if self.steps else 0.0
+        valid = self.episodes - self.invalid_episodes
+        d["outcome_agreement_rate"] = self.outcome_agreements / valid if valid else 0.0
         d["episodes_per_s"] = self.episodes / self.seconds if self.seconds else 0.0
         d["steps_per_s"] = self.steps / self.seconds if self.seconds else 0.0
         return d
@@ -230,6 +235,8 @@ def run_episodes(
                     stats.successes += bool(res.success) and not run.invalid
                     stats.reward_sum += run.total_reward
                     stats.invalid_episodes += run.invalid
+                    full = abs(run.total_reward - 1.0) <= 1e-6
+                    stats.outcome_agreements += not run.invalid and bool(res.success) == full
                     slots[s] = None
                     freed.append(s)
             if freed:

@@ -9,7 +9,8 @@ The paper's modes are one loop with another environment per iteration:
 
 Rollout *phases* say which environment and which policy a batch of episodes uses: the two training phases
 above, plus ``eval`` (the policy on held-out real tasks) and ``random`` (the random-valid-action baseline on
-the same tasks). Everything here is plain Python, so the schedule is tested without a cluster.
+the same tasks), both in the evaluation environment (``train.eval.env``, by default ``env``). Everything
+here is plain Python, so the schedule is tested without a cluster.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ RolloutPhase = Literal["synthetic", "real", "eval", "random"]
 class RolloutPlan:
     """What a rollout phase runs on: the environment kind and the acting policy."""
 
-    env: Literal["synthetic", "real"]
-    """``synthetic``: the experience model; ``real``: the real environment."""
+    env: Literal["synthetic", "real", "eval"]
+    """``synthetic``: the experience model; ``real``: the real environment; ``eval``: the real environment of
+    evaluation (``train.eval.env``, else ``env``)."""
     policy: Literal["policy", "random"]
     """``policy``: the policy engines; ``random``: a uniformly random admissible action."""
 
@@ -39,8 +41,8 @@ class RolloutPlan:
 ROLLOUT_PLANS: dict[str, RolloutPlan] = {
     "synthetic": RolloutPlan("synthetic", "policy"),
     "real": RolloutPlan("real", "policy"),
-    "eval": RolloutPlan("real", "policy"),
-    "random": RolloutPlan("real", "random"),
+    "eval": RolloutPlan("eval", "policy"),
+    "random": RolloutPlan("eval", "random"),
 }
 
 
@@ -75,6 +77,12 @@ class Schedule:
     def uses_synthetic(self) -> bool:
         """Whether any iteration trains in synthesis (the run needs an experience model)."""
         return self.mode == "synthetic" or (self.mode == "s2r" and self.synthetic_iterations > 0)
+
+    @property
+    def uses_real_training(self) -> bool:
+        """Whether any iteration trains in the real environment. When none does (``synthetic``), training
+        never opens the real environment: tasks, initial states and valid actions come from offline data."""
+        return self.mode == "real" or (self.mode == "s2r" and self.iterations > self.synthetic_iterations)
 
     def budget_left(self, real_transitions: int) -> bool:
         """Whether the training rollouts may still spend real transitions."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dreamgym.agent_prompt import ACTION_STOP, build_messages, parse_reply
+from dreamgym.errors import ConfigError
 from dreamgym.types import ActionSample, AgentTurn
 
 if TYPE_CHECKING:
@@ -32,10 +33,11 @@ WORKER_EXTENSION = "dreamgym.vllm_worker.WeightUpdateExtension"
 
 def engine_env(device: str = "cpu", omp_threads: int = 2) -> dict[str, str]:
     """Environment variables for a process that will own an in-process vLLM engine."""
+    from dreamgym.models import hub_env
+
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
+        **hub_env(),  # the engine loads a local folder; a hub id was resolved (downloaded) into one first
         "TOKENIZERS_PARALLELISM": "false",
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
     }
@@ -69,6 +71,9 @@ class VllmPolicy:
             kwargs["gpu_memory_utilization"] = e.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
+        from dreamgym.placement import vllm_parallel_kwargs
+
+        kwargs.update(vllm_parallel_kwargs(e.tensor_parallel_size))
         if weight_transfer_backend:
             # vLLM's trainer-to-engine transfer (NCCL on GPU); the CPU path needs none.
             kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
@@ -103,11 +108,28 @@ class VllmPolicy:
         return [int(i) for i in ids]
 
     def turn_prompt_ids(self, turn: AgentTurn) -> list[int]:
+        """The prompt of ``turn``, shrunk to fit the engine's context (``engine.max_model_len`` less ``max_tokens``):
+        a prompt too long (a long goal text, many valid actions) first drops its history, then halves the listed
+        valid actions, then the observation, step by step. One that cannot fit even so is refused, naming sizes."""
         c = self.cfg
-        return self.prompt_ids(
-            build_messages(turn, c.reasoning, c.history_steps, c.max_admissible_shown, c.observation_max_chars,
-                           c.worked_example)
-        )
+        budget = c.engine.max_model_len - c.max_tokens
+        history, shown, chars = c.history_steps, c.max_admissible_shown, c.observation_max_chars
+        while True:
+            ids = self.prompt_ids(build_messages(turn, c.reasoning, history, shown, chars, c.worked_example))
+            if len(ids) <= budget:
+                return ids
+            if history:
+                history = 0
+            elif shown:
+                shown //= 2
+            elif chars > 64:
+                chars //= 2
+            else:
+                raise ConfigError(
+                    f"the policy prompt for task {turn.task.task_id!r} takes {len(ids)} tokens even with no history, "
+                    f"no valid actions listed and the observation cut to {chars} characters, more than "
+                    f"policy.engine.max_model_len ({c.engine.max_model_len}) less policy.max_tokens ({c.max_tokens}); "
+                    "raise policy.engine.max_model_len (up to the model's context) or serve a longer-context model")
 
     # -- sampling ----------------------------------------------------------------------------------
     def generate(

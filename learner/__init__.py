@@ -1,1 +1,1 @@
-"""The GRPO learner (torch/transformers): buildable and steppable without Ray."""
+"""The learner (torch/transformers; GRPO or PPO): buildable and steppable without Ray."""

@@ -49,6 +49,15 @@ class MicroBatch:
     behaviour_logprobs: torch.Tensor
     index: list[int]
     """Indices of the sequences in the batch, in row order."""
+    engine_rows: torch.Tensor | None = None
+    """``[B]`` bool: the row's ``behaviour_logprobs`` came from the engine (for the mismatch metrics / TIS)."""
+    value_mask: torch.Tensor | None = None
+    """PPO: True at each turn's value position (the target column of its first reply token); ``None``
+    when no sequence carries value targets."""
+    returns: torch.Tensor | None = None
+    """PPO: ``R_t`` at the value positions."""
+    old_values: torch.Tensor | None = None
+    """PPO: ``V_old(s_t)`` at the value positions."""
 
     @property
     def num_tokens(self) -> int:
@@ -73,9 +82,21 @@ def collate(seqs: Sequence[TokenSequence], index: Sequence[int], pad_id: int, de
         ids[r, :n] = torch.tensor(s.input_ids, dtype=torch.long)
         att[r, :n] = 1
         mask[r, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
-        adv[r, :n] = s.advantage
+        if s.token_advantages is not None:
+            adv[r, :n] = torch.tensor(s.token_advantages, dtype=torch.float32)
+        else:
+            adv[r, :n] = s.advantage
         w[r, :n] = s.weight
         blp[r, :n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    value_mask = returns = old_values = None
+    if any(s.turn_returns for s in rows):
+        vm = torch.zeros((b, t), dtype=torch.bool)
+        ret = torch.zeros((b, t), dtype=torch.float32)
+        old = torch.zeros((b, t), dtype=torch.float32)
+        for r, s in enumerate(rows):
+            for start, rt, v in zip(s.turn_starts, s.turn_returns, s.turn_old_values, strict=True):
+                vm[r, start], ret[r, start], old[r, start] = True, rt, v
+        value_mask, returns, old_values = vm[:, 1:].to(device), ret[:, 1:].to(device), old[:, 1:].to(device)
     # Targets are tokens 1..T-1; drop column 0 from the per-target tensors.
     return MicroBatch(
         input_ids=ids.to(device),
@@ -85,4 +106,8 @@ def collate(seqs: Sequence[TokenSequence], index: Sequence[int], pad_id: int, de
         weights=w[:, 1:].to(device),
         behaviour_logprobs=blp[:, 1:].to(device),
         index=list(index),
+        engine_rows=torch.tensor([s.engine_logprobs for s in rows], dtype=torch.bool).to(device),
+        value_mask=value_mask,
+        returns=returns,
+        old_values=old_values,
     )

@@ -6,7 +6,9 @@ Layout of ``<run>/checkpoints/step-000012/``::
     adapter/           LoRA: the peft adapter (the base model is ``learner.json: base_model``)
     trainer_state.pt   AdamW state, LR scheduler, optimizer-step counter, weight version,
                        RNG states (torch CPU/CUDA, Python, NumPy, the learner's shuffling generator)
-    learner.json       base model, LoRA flag, seed, version, optimizer steps (human-readable)
+    learner.json       base model, LoRA flag, seed, version, optimizer steps, algorithm (human-readable)
+    critic.pt          PPO only: the critic's weights (backbone + value head), its AdamW and LR
+                       scheduler state and counters (its randomness is the global RNG state above)
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a
 half-written ``step-*`` folder (the names come from ``dreamgym.train_state.checkpoint_dir``). With FSDP
@@ -30,6 +32,7 @@ STATE_FILE = "trainer_state.pt"
 META_FILE = "learner.json"
 MODEL_DIR = "model"
 ADAPTER_DIR = "adapter"
+CRITIC_FILE = "critic.pt"
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
@@ -122,3 +125,20 @@ def load_adapter(model: Any, directory: Path) -> None:
     from safetensors.torch import load_file
 
     set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_DIR / "adapter_model.safetensors")))
+
+
+def write_critic(folder: Path, state: dict[str, Any]) -> None:
+    """Write the PPO critic's state (``Critic.state_dict``) into a checkpoint folder being written."""
+    import torch
+
+    torch.save(state, folder / CRITIC_FILE)
+
+
+def has_critic(directory: Path) -> bool:
+    return (directory / CRITIC_FILE).is_file()
+
+
+def read_critic(directory: Path) -> dict[str, Any]:
+    import torch
+
+    return torch.load(directory / CRITIC_FILE, map_location="cpu", weights_only=False)

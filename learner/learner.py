@@ -1,4 +1,9 @@
-"""The GRPO learner: one ``step(groups)`` = advantages, micro-batched backward, one or more AdamW steps.
+"""The learner: one ``step(groups)`` = advantages, micro-batched backward, one or more AdamW steps.
+
+``learner.algorithm`` picks the advantages: ``grpo`` (group-relative, ``dreamgym/grpo.py``) or ``ppo``
+(a critic and turn-level GAE, ``dreamgym/ppo.py``, the critic in ``learner.critic``). Both share the
+clipped policy loss, the KL options, the aggregation modes, the mini-/micro-batching below and the
+engine/learner mismatch metrics and optional TIS correction (``learner.tis``).
 
 Buildable and steppable without Ray: ``Learner(cfg.learner, model_path, seed=...)`` in any process.
 The loss is ``dreamgym.grpo.policy_loss`` (its docstring states the exact GRPO variant); the
@@ -20,17 +25,18 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dreamgym.grpo import policy_loss
+from dreamgym.grpo import engine_gap, policy_loss, tis_weights
 from dreamgym.types import Group, WeightVersion
 from learner import checkpoint
 from learner.batching import collate, micro_batches
 from learner.model import add_lora, is_peft, load_causal_lm, shard_fsdp, sync_weights, token_logprobs
-from learner.sequences import GrpoBatch, TokenSequence, assign_weights, build_batch
+from learner.sequences import TokenSequence, assign_weights, build_batch, build_ppo_batch
 
 if TYPE_CHECKING:
     import torch
 
     from dreamgym.config import DreamGymConfig, LearnerConfig
+    from learner.critic import Critic
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -58,7 +64,7 @@ def pick_device(device: str) -> str:
 
 
 class Learner:
-    """GRPO on a causal LM. ``model_path``: initial weights (HF folder); ``temperature``: the policy's."""
+    """GRPO or PPO on a causal LM. ``model_path``: initial weights (HF folder); ``temperature``: the policy's."""
 
     def __init__(
         self,
@@ -109,6 +115,24 @@ class Learner:
 
         tok = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        self.critic: Critic | None = None
+        self._critic_seconds = 0.0
+        if cfg.algorithm == "ppo":
+            self.critic = self._build_critic()
+
+    def _build_critic(self) -> Critic:
+        """The PPO critic: ``critic_model`` or a copy of the policy's initial weights (the base model with LoRA)."""
+        from dreamgym.models import resolve_model
+        from learner.critic import Critic
+
+        c = self.cfg
+        path = resolve_model(c.critic_model) if c.critic_model else self.model_path
+        inner = self.model.get_base_model() if is_peft(self.model) else self.model
+        return Critic(
+            c, path, self.device,
+            lambda s: lr_factor(s, c.warmup_steps, c.total_steps, c.schedule, c.min_lr_ratio),
+            self._autocast, vocab_size=int(inner.config.vocab_size),
+        )
 
     @classmethod
     def from_config(cls, cfg: DreamGymConfig) -> Learner:
@@ -161,15 +185,21 @@ class Learner:
 
     # -- the step --------------------------------------------------------------------------------------
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """One GRPO learner step on ``groups``; returns metrics.
+        """One learner step on ``groups`` (GRPO or PPO by ``learner.algorithm``); returns metrics.
 
-        Always: ``groups``, ``degenerate_groups`` (dropped: all rewards equal), ``reward_mean`` (over every
-        trajectory), ``samples`` / ``sequences`` / ``policy_tokens`` (what was trained on). When nothing
-        carries signal the step is skipped (``skipped = 1``, version unchanged). Otherwise also ``loss``,
-        ``grad_norm`` (before clipping, mean over mini-batches), ``lr``, ``clip_frac``, ``ratio_mean``,
-        ``kl_old`` / ``kl_ref`` (per policy token), ``optimizer_steps``, ``version``, ``processed_tokens``
-        (all non-padding tokens run forward and backward), ``seconds`` and ``tokens_per_s``.
+        Always: ``groups``, ``degenerate_groups`` (GRPO: dropped, all rewards equal; PPO drops none),
+        ``reward_mean`` (over every trajectory), ``samples`` / ``sequences`` / ``policy_tokens`` (what was
+        trained on). When nothing carries signal the step is skipped (``skipped = 1``, version unchanged).
+        Otherwise also ``loss``, ``grad_norm`` (before clipping, mean over mini-batches), ``lr``,
+        ``clip_frac``, ``ratio_mean``, ``kl_old`` / ``kl_ref`` (per policy token), ``engine_kl_mean`` /
+        ``engine_kl_max`` (the engine/learner gap: k3 estimate of ``KL(engine || learner)`` per policy token
+        that has engine log-probs, over ``engine_tokens`` tokens), with ``learner.tis`` ``tis_weight_mean``
+        and ``tis_capped_frac``, ``optimizer_steps``, ``version``, ``processed_tokens`` (all non-padding
+        tokens run forward and backward), ``seconds`` and ``tokens_per_s``. PPO adds the critic's metrics
+        (``_ppo_step``).
         """
+        if self.cfg.algorithm == "ppo":
+            return self._ppo_step(groups)
         t0 = time.perf_counter()
         c = self.cfg
         batch = build_batch(groups, c.scale_by_std, c.adv_eps, c.loss_agg, c.max_response_tokens)
@@ -185,47 +215,137 @@ class Learner:
         if not batch.sequences or metrics["policy_tokens"] == 0:
             metrics.update(skipped=1.0, version=float(self.version.version), seconds=time.perf_counter() - t0)
             return metrics
+        return self._update(batch.sequences, metrics, t0)
 
-        old_logprobs = self._old_logprobs(batch)
-        sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl_old": 0.0, "kl_ref": 0.0}
+    def _ppo_step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One PPO step: critic values before the step, turn-level GAE, then the shared update loop with
+        a critic step beside each policy step (only the critic during ``critic_warmup_steps``).
+
+        PPO metrics on top of ``step``'s: ``turns``, ``adv_mean`` / ``adv_std`` (raw GAE, before whitening),
+        ``return_mean``, ``value_mean``, ``explained_variance`` (of the values before the step),
+        ``value_loss`` (mean over mini-batches), ``value_mse``, ``value_clip_frac``, ``critic_grad_norm``,
+        ``critic_warmup`` (1 while only the critic trains), ``critic_seconds`` and ``critic_share`` (of the
+        step's time).
+        """
+        t0 = time.perf_counter()
+        c = self.cfg
+        critic = self.critic
+        assert critic is not None
+        batch = build_ppo_batch(groups, c.loss_agg, c.max_response_tokens)
+        rewards = batch.rewards
+        metrics: dict[str, float] = {
+            "groups": float(len(groups)),
+            "degenerate_groups": 0.0,  # PPO drops nothing: the critic is the baseline
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "samples": float(batch.num_samples),
+            "sequences": float(len(batch.sequences)),
+            "policy_tokens": float(sum(s.num_policy_tokens for s in batch.sequences)),
+        }
+        if not batch.sequences or metrics["policy_tokens"] == 0:
+            metrics.update(skipped=1.0, version=float(self.version.version), seconds=time.perf_counter() - t0)
+            return metrics
+        from learner.critic import assign_targets
+
+        tc = time.perf_counter()
+        values = critic.turn_values(batch.sequences, self.pad_id)
+        metrics.update(assign_targets(batch, values, c.gamma, c.gae_lambda, c.norm_adv, c.adv_eps))
+        self._critic_seconds = time.perf_counter() - tc
+        warmup = critic.steps < c.critic_warmup_steps
+        metrics["critic_warmup"] = float(warmup)
+        out = self._update(batch.sequences, metrics, t0, train_policy=not warmup)
+        critic.steps += 1
+        out["critic_seconds"] = self._critic_seconds
+        out["critic_share"] = self._critic_seconds / max(out["seconds"], 1e-9)
+        return out
+
+    def _update(
+        self, sequences: list[TokenSequence], metrics: dict[str, float], t0: float, train_policy: bool = True
+    ) -> dict[str, float]:
+        """The mini-batch loop shared by GRPO and PPO: per mini-batch one policy AdamW step (unless
+        ``train_policy`` is False: PPO's critic warm-up) and, with PPO, one critic step."""
+        import torch
+
+        c = self.cfg
+        old_logprobs = self._old_logprobs(sequences) if train_policy else None
+        sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl_old": 0.0, "kl_ref": 0.0,
+                "gap_sum": 0.0, "gap_tokens": 0.0, "tis_sum": 0.0, "tis_capped": 0.0}
+        gap_max = 0.0
+        critic_sums: dict[str, float] = {}
         grad_norms: list[float] = []
+        critic_norms: list[float] = []
         processed_tokens = 0
-        for part in self._mini_batches(batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            for idx in micro_batches([len(s) for s in part], c.micro_batch_tokens):
-                mb = collate(part, idx, self.pad_id, self.device)
-                ref = self._reference_logprobs(mb)
-                with self._autocast():
-                    logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
-                if c.behaviour_logprobs == "engine":
-                    old = mb.behaviour_logprobs
-                elif old_logprobs is None:
-                    old = logp.detach()
-                else:
-                    old = self._gather_old(old_logprobs, part, idx, logp.shape)
-                terms = policy_loss(
-                    logp, old, mb.advantages, mb.weights, mb.mask, c.clip_low, c.clip_high, ref, c.kl_coef
-                )
-                terms.loss.backward()
-                processed_tokens += mb.num_tokens
-                sums["loss"] += float(terms.loss.detach())
-                sums["tokens"] += terms.tokens
-                sums["clipped"] += terms.clipped
-                sums["ratio"] += terms.ratio_sum
-                sums["kl_old"] += terms.kl_old_sum
-                sums["kl_ref"] += terms.kl_ref_sum
-            grad_norms.append(self._clip_and_step())
+        for part in self._mini_batches(sequences):
+            if train_policy:
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in micro_batches([len(s) for s in part], c.micro_batch_tokens):
+                    mb = collate(part, idx, self.pad_id, self.device)
+                    ref = self._reference_logprobs(mb)
+                    with self._autocast():
+                        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+                    if old_logprobs is None:
+                        learner_old = logp.detach()
+                    else:
+                        learner_old = self._gather_old(old_logprobs, part, idx, logp.shape)
+                    old = mb.behaviour_logprobs if c.behaviour_logprobs == "engine" else learner_old
+                    engine_mask = mb.mask & mb.engine_rows[:, None] if mb.engine_rows is not None else mb.mask
+                    g_sum, g_max, g_n = engine_gap(learner_old, mb.behaviour_logprobs, engine_mask)
+                    sums["gap_sum"] += g_sum
+                    sums["gap_tokens"] += g_n
+                    gap_max = max(gap_max, g_max)
+                    weights = mb.weights
+                    if c.tis:
+                        raw = tis_weights(learner_old, mb.behaviour_logprobs, float("inf"))
+                        tis = torch.where(engine_mask, raw.clamp(max=c.tis_cap), torch.ones_like(raw))
+                        weights = weights * tis
+                        sums["tis_sum"] += float((tis * mb.mask).sum())
+                        sums["tis_capped"] += float(((raw > c.tis_cap) & engine_mask).sum())
+                    terms = policy_loss(
+                        logp, old, mb.advantages, weights, mb.mask, c.clip_low, c.clip_high, ref, c.kl_coef
+                    )
+                    terms.loss.backward()
+                    processed_tokens += mb.num_tokens
+                    sums["loss"] += float(terms.loss.detach())
+                    sums["tokens"] += terms.tokens
+                    sums["clipped"] += terms.clipped
+                    sums["ratio"] += terms.ratio_sum
+                    sums["kl_old"] += terms.kl_old_sum
+                    sums["kl_ref"] += terms.kl_ref_sum
+                grad_norms.append(self._clip_and_step())
+            if self.critic is not None:
+                tc = time.perf_counter()
+                cs = self.critic.train_part(part, self.pad_id)
+                critic_norms.append(cs.pop("critic_grad_norm"))
+                for k, v in cs.items():
+                    critic_sums[k] = critic_sums.get(k, 0.0) + v
+                self._critic_seconds += time.perf_counter() - tc
         self.version = WeightVersion(version=self.version.version + 1, step=self.optimizer_steps)
         seconds = time.perf_counter() - t0
         n = max(sums["tokens"], 1.0)
+        if grad_norms:
+            metrics.update(
+                loss=sums["loss"] / len(grad_norms),
+                grad_norm=sum(grad_norms) / len(grad_norms),
+                clip_frac=sums["clipped"] / n,
+                ratio_mean=sums["ratio"] / n,
+                kl_old=sums["kl_old"] / n,
+                kl_ref=sums["kl_ref"] / n,
+                engine_kl_mean=sums["gap_sum"] / max(sums["gap_tokens"], 1.0),
+                engine_kl_max=gap_max,
+                engine_tokens=sums["gap_tokens"],
+            )
+            if c.tis:
+                metrics.update(tis_weight_mean=sums["tis_sum"] / n,
+                               tis_capped_frac=sums["tis_capped"] / max(sums["gap_tokens"], 1.0))
+        if critic_norms:
+            turns = max(critic_sums.get("turns", 0.0), 1.0)
+            metrics.update(
+                value_loss=critic_sums["value_loss"] / len(critic_norms),
+                value_mse=critic_sums["value_sq_err"] / turns,
+                value_clip_frac=critic_sums["value_clipped"] / turns,
+                critic_grad_norm=sum(critic_norms) / len(critic_norms),
+            )
         metrics.update(
-            loss=sums["loss"] / len(grad_norms),
-            grad_norm=sum(grad_norms) / len(grad_norms),
             lr=float(self.scheduler.get_last_lr()[0]),
-            clip_frac=sums["clipped"] / n,
-            ratio_mean=sums["ratio"] / n,
-            kl_old=sums["kl_old"] / n,
-            kl_ref=sums["kl_ref"] / n,
             optimizer_steps=float(self.optimizer_steps),
             version=float(self.version.version),
             processed_tokens=float(processed_tokens),
@@ -234,30 +354,31 @@ class Learner:
         )
         return metrics
 
-    def _mini_batches(self, batch: GrpoBatch) -> Iterator[list[TokenSequence]]:
+    def _mini_batches(self, sequences: list[TokenSequence]) -> Iterator[list[TokenSequence]]:
         """Split the batch by trajectory into ``mini_batches`` parts (shuffled), each with its own ``w_t``."""
         import torch
 
         m = self.cfg.mini_batches
         if m == 1:
-            yield batch.sequences
+            yield sequences
             return
-        samples = sorted({s.sample for s in batch.sequences})
+        samples = sorted({s.sample for s in sequences})
         perm = torch.randperm(len(samples), generator=self.generator).tolist()
         for k in range(m):
             chosen = {samples[i] for i in perm[k::m]}
-            part = [s for s in batch.sequences if s.sample in chosen]
+            part = [s for s in sequences if s.sample in chosen]
             if part:
                 assign_weights(part, self.cfg.loss_agg, self.cfg.max_response_tokens)
                 yield part
 
-    def _old_logprobs(self, batch: GrpoBatch) -> dict[int, list[float]] | None:
+    def _old_logprobs(self, sequences: list[TokenSequence]) -> dict[int, list[float]] | None:
         """Learner-computed ``log pi_old`` per sequence (keyed by ``id``) before the first update; None when
-        ``pi_old`` is ``pi_theta`` detached (one mini-batch) or the engine's log-probs are used."""
-        if self.cfg.behaviour_logprobs == "engine" or self.cfg.mini_batches == 1:
+        it is ``pi_theta`` detached (one mini-batch). With ``behaviour_logprobs: engine`` it is not the ratio's
+        ``pi_old`` but still the learner side of the engine/learner gap metrics."""
+        if self.cfg.mini_batches == 1:
             return None
-        lps = self.sequence_logprobs([s.input_ids for s in batch.sequences], self.temperature)
-        return {id(s): lp for s, lp in zip(batch.sequences, lps, strict=True)}
+        lps = self.sequence_logprobs([s.input_ids for s in sequences], self.temperature)
+        return {id(s): lp for s, lp in zip(sequences, lps, strict=True)}
 
     def _gather_old(self, old: dict[int, list[float]], part: list[TokenSequence], idx: list[int], shape: Any) -> Any:
         import torch
@@ -311,6 +432,8 @@ class Learner:
                 self.model.save_pretrained(folder / checkpoint.MODEL_DIR, state_dict=model_sd)
                 tok = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
                 tok.save_pretrained(folder / checkpoint.MODEL_DIR)
+            if self.critic is not None:
+                checkpoint.write_critic(folder, self.critic.state_dict())
 
         state = {
             "optimizer": optim_sd if optim_sd is not None else self.optimizer.state_dict(),
@@ -326,12 +449,16 @@ class Learner:
             "temperature": self.temperature,
             "version": self.version.version,
             "optimizer_steps": self.optimizer_steps,
+            "algorithm": self.cfg.algorithm,
         }
         return checkpoint.write_checkpoint(directory, write_model, state, meta)
 
     @classmethod
     def from_checkpoint(cls, cfg: LearnerConfig, directory: str | Path, temperature: float = 1.0) -> Learner:
-        """Rebuild a learner from ``directory`` so that its next ``step`` equals the uninterrupted run's."""
+        """Rebuild a learner from ``directory`` so that its next ``step`` equals the uninterrupted run's.
+
+        With PPO the critic (weights, optimizer, schedule, counters) comes back too; a checkpoint without
+        one (e.g. a GRPO run continued as PPO) starts a fresh critic."""
         directory = Path(directory)
         meta = checkpoint.read_meta(directory)
         if bool(meta["lora"]) != cfg.lora.enabled:
@@ -357,5 +484,7 @@ class Learner:
         learner.scheduler.load_state_dict(state["scheduler"])
         learner.optimizer_steps = int(state["optimizer_steps"])
         learner.version = WeightVersion(*state["version"])
+        if learner.critic is not None and checkpoint.has_critic(directory):
+            learner.critic.load_state_dict(checkpoint.read_critic(directory))
         checkpoint.set_rng_state(learner.generator, state["rng"])
         return learner

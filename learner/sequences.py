@@ -11,7 +11,10 @@ the reply it sampled (``action_token_ids``). A trajectory becomes one or more to
 
 The mask is True exactly at the positions of reply tokens (the policy's own tokens: reasoning,
 action and the end-of-turn token it sampled); system/user prompts and observations are False.
-The same group-relative advantage ``A_i`` applies to every masked token of trajectory ``i``.
+The same group-relative advantage ``A_i`` applies to every masked token of trajectory ``i`` (GRPO).
+Each step is one agent *turn*: its reply span is recorded (``turn_starts`` / ``turn_ends``), so PPO
+(``dreamgym/ppo.py``) can give every reply token its turn's advantage ``A_t`` and read the critic's
+value at the turn's last prompt/observation token (the target column of the turn's first reply token).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dreamgym.grpo import BatchAdvantages, LossAgg, batch_advantages, token_weights
+from dreamgym.ppo import turn_rewards
 from dreamgym.types import Group, Trajectory
 
 
@@ -38,6 +42,18 @@ class TokenSequence:
     """``A_i`` of the trajectory."""
     weight: float = 0.0
     """``w_t``, the aggregation weight of each of its masked tokens."""
+    turn_starts: list[int] = field(default_factory=list)
+    """Index in ``input_ids`` of the first reply token of each turn (step) in the sequence."""
+    turn_ends: list[int] = field(default_factory=list)
+    """One past the last reply token of each turn."""
+    engine_logprobs: bool = True
+    """Every step carried the engine's sampling log-probs (``behaviour_logprobs`` are real)."""
+    token_advantages: list[float] | None = None
+    """PPO: per-token advantages aligned with ``input_ids`` (``A_t`` on turn ``t``'s reply); ``None``: ``advantage``."""
+    turn_returns: list[float] = field(default_factory=list)
+    """PPO: the critic's target ``R_t`` per turn (aligned with ``turn_starts``)."""
+    turn_old_values: list[float] = field(default_factory=list)
+    """PPO: the critic's value ``V_old(s_t)`` per turn before the step."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -52,6 +68,7 @@ def trajectory_sequences(traj: Trajectory, sample: int = 0) -> list[TokenSequenc
     seqs: list[TokenSequence] = []
     cur: TokenSequence | None = None
     for tr in traj.transitions:
+        has_logprobs = True
         if tr.prompt_token_ids is None or tr.action_token_ids is None:
             raise ValueError(
                 f"step {tr.step} of episode {tr.episode_id!r} has no token ids: only trajectories sampled by a "
@@ -59,6 +76,8 @@ def trajectory_sequences(traj: Trajectory, sample: int = 0) -> list[TokenSequenc
             )
         prompt, reply = list(tr.prompt_token_ids), list(tr.action_token_ids)
         logprobs = list(tr.action_logprobs) if tr.action_logprobs is not None else [0.0] * len(reply)
+        if tr.action_logprobs is None:
+            has_logprobs = False
         if len(logprobs) != len(reply):
             raise ValueError(f"step {tr.step} of {tr.episode_id!r}: {len(logprobs)} log-probs for {len(reply)} tokens")
         n = len(cur.input_ids) if cur is not None else 0
@@ -68,6 +87,10 @@ def trajectory_sequences(traj: Trajectory, sample: int = 0) -> list[TokenSequenc
             cur = TokenSequence(sample=sample)
             seqs.append(cur)
             new_prompt = prompt
+        start = len(cur.input_ids) + len(new_prompt)
+        cur.turn_starts.append(start)
+        cur.turn_ends.append(start + len(reply))
+        cur.engine_logprobs = cur.engine_logprobs and has_logprobs
         cur.input_ids += new_prompt + reply
         cur.loss_mask += [False] * len(new_prompt) + [True] * len(reply)
         cur.behaviour_logprobs += [0.0] * len(new_prompt) + logprobs
@@ -117,3 +140,43 @@ def assign_weights(seqs: Sequence[TokenSequence], agg: LossAgg, max_response_tok
     weights = token_weights(counts, agg, max_response_tokens)
     for s in seqs:
         s.weight = weights[index[s.sample]]
+
+
+@dataclass
+class PpoBatch:
+    """The sequences of one PPO step, every trajectory kept, with its turns located in them."""
+
+    sequences: list[TokenSequence]
+    num_samples: int
+    """Trajectories (all of them: PPO drops nothing)."""
+    rewards: list[float]
+    """Episode rewards of all trajectories."""
+    turns: list[list[tuple[int, int]]]
+    """``turns[i][t]``: ``(index into sequences, turn index inside it)`` of turn ``t`` of trajectory ``i``."""
+    turn_rewards: list[list[float]]
+    """``r_t`` per turn of each trajectory (``dreamgym.ppo.turn_rewards``)."""
+
+
+def build_ppo_batch(
+    groups: Sequence[Group], agg: LossAgg = "token-mean", max_response_tokens: int = 1024
+) -> PpoBatch:
+    """Sequences of every trajectory with their turns and per-turn rewards, ``w_t`` attached (advantages
+    come later, from the critic: ``learner.critic.assign_targets``)."""
+    seqs: list[TokenSequence] = []
+    turns: list[list[tuple[int, int]]] = []
+    rewards: list[list[float]] = []
+    sample = 0
+    for g in groups:
+        for traj in g.trajectories:
+            where: list[tuple[int, int]] = []
+            for s in trajectory_sequences(traj, sample):
+                if s.turn_starts and s.turn_starts[0] < 1:
+                    raise ValueError(f"episode of task {traj.task.task_id!r}: a turn with an empty prompt has no "
+                                     "state to value")
+                where += [(len(seqs), k) for k in range(len(s.turn_starts))]
+                seqs.append(s)
+            turns.append(where)
+            rewards.append(turn_rewards([tr.reward for tr in traj.transitions], traj.total_reward))
+            sample += 1
+    assign_weights(seqs, agg, max_response_tokens)
+    return PpoBatch(seqs, sample, [r for g in groups for r in g.rewards], turns, rewards)

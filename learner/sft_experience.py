@@ -1,10 +1,12 @@
 """Supervised fine-tuning of the reasoning experience model on annotated real transitions.
 
 Each example is one real transition in the serving prompt: task, the episode's last ``H`` steps, the
-current state ``s_t``, the action ``a_t`` and the top-k demonstrations retrieved from the store (the
-example's own episode left out, so the model learns to *use* demonstrations rather than find itself
-among them). The target is the reply format of ``dreamgym.experience.prompts``: the reasoning ``R``
-(``<think>...</think>``), then the outcome ``s_{t+1}``, ``r``, done, success and the end-of-turn token.
+current state ``s_t``, the action ``a_t`` and the top-k demonstrations retrieved from the store the way the
+served model gets them (``retrieval: embedding``, the default: the replay buffer's ``phi(s, a)`` top-k; the
+example's own transition left out, so the model learns to *use* demonstrations rather than find itself among
+them; ``overlap``: the word-overlap ``TransitionIndex``, the example's own episode left out). The target is
+the reply format of ``dreamgym.experience.prompts``: the reasoning ``R`` (``<think>...</think>``), then the
+outcome ``s_{t+1}``, ``r``, done, success and the end-of-turn token.
 
 Loss, the paper's (prompt tokens masked, summed over tokens, normalised by the reply tokens of the
 optimizer batch)::
@@ -28,14 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dreamgym.config import DreamGymConfig, ExperienceModelConfig, LoraConfig
+from dreamgym.config import DreamGymConfig, ExperienceModelConfig, LoraConfig, ReplayConfig
 from dreamgym.errors import DreamGymError
 from dreamgym.experience.annotate import template_rationale
 from dreamgym.experience.engine import render_chat
-from dreamgym.experience.evaluate import build_items, done_label
+from dreamgym.experience.evaluate import EvalItem, build_items, done_label
 from dreamgym.experience.prompts import build_messages, format_outcome, format_reasoning
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.setup import prompt_options
+from dreamgym.types import Transition
 
 if TYPE_CHECKING:
     import torch
@@ -52,10 +55,40 @@ class SFTExample:
         return len(self.prompt_ids) + len(self.reasoning_ids) + len(self.outcome_ids)
 
 
+def served_demonstrations(items: list[EvalItem], store: list[Transition], replay: ReplayConfig, k: int) -> None:
+    """Give each item the demonstrations the served model will see: the replay buffer's embedding top-k
+    ``phi(s, a)`` (same encoder, same ranking as ``ReplayBuffer.retrieve`` in training) over a buffer that
+    holds ``store``. The example's own transition is left out unless another episode also has it (at serving
+    time an exact match from another episode is in the buffer, and copying it is right)."""
+    import tempfile
+    from collections import defaultdict
+
+    from dreamgym.replay.buffer import ReplayBuffer
+    from dreamgym.replay.records import point_id
+
+    episodes_of: dict[str, set[str]] = defaultdict(set)
+    for t in store:
+        episodes_of[point_id(t)].add(t.episode_id)
+    with tempfile.TemporaryDirectory(prefix="sft-retrieval-") as tmp:
+        buf = ReplayBuffer.from_config(replay.model_copy(update={"backend": "edge", "path": None, "shards": 1}),
+                                       root=tmp)
+        try:
+            buf.add(store)
+            found = buf.retrieve_batch([(it.transition.state, it.transition.action) for it in items], k + 1)
+        finally:
+            buf.close()
+    for it, demos in zip(items, found, strict=True):
+        own = point_id(it.transition)
+        alone = episodes_of.get(own, set()) <= {it.transition.episode_id}
+        it.query.demonstrations = [d for d in demos if not (alone and d.id == own)][:k]
+
+
 def build_examples(
     data: str | Path, tokenizer: Any, cfg: ExperienceModelConfig, store: str | Path | None = None, seed: int = 0,
+    replay: ReplayConfig | None = None,
 ) -> tuple[list[SFTExample], dict[str, int]]:
-    """Tokenised SFT examples of a transitions file (see the module docstring) and counts."""
+    """Tokenised SFT examples of a transitions file (see the module docstring) and counts. ``replay``: the
+    run's replay config, for ``experience_model.train.retrieval: embedding`` (default: ``ReplayConfig()``)."""
     from dreamgym.data.transitions import iter_batches, iter_transitions
 
     t = cfg.train
@@ -66,6 +99,11 @@ def build_examples(
     index = TransitionIndex.from_parquet(store) if store is not None else TransitionIndex(transitions)
     opts = prompt_options(cfg)
     items = build_items(transitions, index, opts, leave_episode_out=store is None)
+    if t.retrieval == "embedding" and opts.top_k > 0:
+        from dreamgym.data.transitions import iter_transitions as _iter
+
+        pool = list(_iter(store)) if store is not None else transitions
+        served_demonstrations(items, pool, replay or ReplayConfig(), opts.top_k)
     eos = tokenizer.eos_token_id
     seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     examples: list[SFTExample] = []
@@ -97,7 +135,11 @@ def build_examples(
         examples.append(SFTExample(p_ids, r_ids, o_ids))
         outcomes.append((tr.reward, done_label(tr, t.step_budget), tr.success and tr.done))
     if t.max_examples is not None and len(examples) > t.max_examples:
-        examples = balanced_sample(examples, outcomes, t.max_examples, random.Random(seed))
+        rng = random.Random(seed)
+        if t.outcome_sampling == "balanced":
+            examples = balanced_sample(examples, outcomes, t.max_examples, rng)
+        else:  # the data's own outcome distribution: the rates the served model should predict
+            examples = rng.sample(examples, t.max_examples)
     counts["examples"] = len(examples)
     return examples, counts
 
@@ -174,7 +216,7 @@ def _train(
     assert t.data is not None
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     t0 = time.perf_counter()
-    examples, counts = build_examples(t.data, tokenizer, em, t.store, cfg.run.seed)
+    examples, counts = build_examples(t.data, tokenizer, em, t.store, cfg.run.seed, replay=cfg.replay)
     if not examples:
         raise DreamGymError(f"no training example fits max_seq_len={t.max_seq_len} in {t.data}")
     prep_s = time.perf_counter() - t0

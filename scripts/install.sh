@@ -48,6 +48,13 @@ if [[ ! -f "$stamp" ]]; then
   rm -f .venv/.dreamgym-installed-*
   touch "$stamp"
 fi
+# The tests run real AgentGym environment servers; BabyAI's needs gym and gymnasium<1.0, which clash with the
+# project's gymnasium, so it gets an environment of its own (the tests find it at .venv-babyai/).
+if [[ ! -f .venv-babyai/.ready ]]; then
+  "$PY" -m venv .venv-babyai
+  .venv-babyai/bin/python -m pip install -q fastapi uvicorn gym "gymnasium<1.0" matplotlib "minigrid<2.5"
+  touch .venv-babyai/.ready
+fi
 # One-time conversions (the packaged SmolLM2 GGUF -> an HF folder vLLM serves), when available.
 if .venv/bin/dreamgym --help | grep -q prepare-models; then
   .venv/bin/dreamgym prepare-models

@@ -38,7 +38,7 @@ def test_override_values_are_typed() -> None:
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        (["--collect.episodes", "-3"], "collect.episodes: Input should be greater than or equal to 1"),
+        (["--collect.episodes", "-3"], "collect.episodes: Input should be greater than or equal to 0"),
         (["--collect.episodes", "many"], "collect.episodes: Input should be a valid integer"),
         (["--collect.policy", "clever"], "collect.policy: Input should be 'gold', 'random' or 'mixed'"),
         (["--collect.gold_fraction", "1.5"], "collect.gold_fraction"),
@@ -119,3 +119,25 @@ def test_moved_keys_still_load_with_a_note(tmp_path, capsys) -> None:
 def test_a_key_set_under_old_and_new_name_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"train\.eval_tasks and train\.eval\.tasks are both set"):
         load_config(None, {"train": {"eval_tasks": 4, "eval": {"tasks": 8}}})
+
+
+def test_zero_episodes_means_no_offline_data_for_train_but_collect_refuses_it() -> None:
+    """``collect.episodes: 0`` lets real-mode ``dreamgym train`` start with no offline data (servers that reveal
+    no valid actions have nothing to collect); ``dreamgym collect`` itself refuses it before starting Ray."""
+    from actors.collect import run_collect
+
+    cfg = load_config(None, ["--collect.episodes", "0", "--train.mode", "real"])
+    assert cfg.collect.episodes == 0
+    with pytest.raises(ConfigError, match=r"collect\.episodes is 0: nothing to collect"):
+        run_collect(cfg)
+
+
+def test_synthesis_without_offline_data_is_refused_with_the_fix(tmp_path) -> None:
+    from actors.train_setup import offline_data
+
+    notes: list[str] = []
+    real = load_config(None, ["--collect.episodes", "0", "--train.mode", "real"])
+    assert offline_data(real, tmp_path, notes.append) is None and "starts empty" in notes[0]
+    synthetic = load_config(None, ["--collect.episodes", "0", "--train.mode", "synthetic"])
+    with pytest.raises(ConfigError, match=r"synthetic iterations need offline real data"):
+        offline_data(synthetic, tmp_path, notes.append)

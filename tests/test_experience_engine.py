@@ -56,6 +56,7 @@ def controlled(tmp_path_factory: pytest.TempPathFactory) -> Controlled:
     base = build_tiny_model(d / "base")
     cfg = load_config(None, {"run": {"seed": 0}, "experience_model": {
         **PROMPT, "train": {"data": str(train), "store": str(world), "base": str(base), "lr": 1e-2,
+                            "retrieval": "overlap",  # the replicas below are served TransitionIndex demonstrations
                             "batch_size": 1, "epochs": 200, "log_every": 1000,
                             "threads": 1}}})  # a 70k-parameter model: one thread is faster than two
     summary = train_experience_model(cfg, d / "model")

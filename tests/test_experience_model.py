@@ -482,6 +482,39 @@ def test_step_batch_steps_many_synthetic_envs_with_one_model_call(tmp_path: Path
     assert results[1].observation.state == HALL and not results[1].done
 
 
+def test_sft_prompts_carry_the_demonstrations_the_served_model_sees(coin: dict[str, Path], tmp_path: Path) -> None:
+    """SFT examples get the replay buffer's embedding top-k (what ``dreamgym train`` serves), with the example's
+    own transition left out unless another episode also holds it."""
+    from collections import defaultdict
+
+    from dreamgym.config import ReplayConfig
+    from dreamgym.data.transitions import iter_transitions
+    from dreamgym.experience.evaluate import build_items
+    from dreamgym.experience.prompts import PromptOptions
+    from dreamgym.experience.retrieval import TransitionIndex
+    from dreamgym.replay.buffer import ReplayBuffer
+    from dreamgym.replay.records import point_id
+    from learner.sft_experience import served_demonstrations
+
+    store = list(iter_transitions(coin["train"]))[:150]
+    items = build_items(store, TransitionIndex(store), PromptOptions(top_k=3))
+    served_demonstrations(items, store, ReplayConfig(), 3)
+    episodes_of: dict[str, set[str]] = defaultdict(set)
+    for t in store:
+        episodes_of[point_id(t)].add(t.episode_id)
+    buf = ReplayBuffer.from_config(ReplayConfig(), root=tmp_path / "served")
+    buf.add(store)
+    left_out = 0
+    for it in items[:40]:
+        own = point_id(it.transition)
+        alone = episodes_of[own] == {it.transition.episode_id}
+        served = [d.id for d in buf.retrieve(it.transition.state, it.transition.action, 4)]
+        assert [d.id for d in it.query.demonstrations] == [i for i in served if not (alone and i == own)][:3]
+        left_out += alone and own in served
+    buf.close()
+    assert left_out > 0  # some examples would have found themselves at serving's top-k
+
+
 def test_short_sft_samples_are_balanced_over_outcomes() -> None:
     """A few dozen examples of agent data still contain the rare rewarding, terminal steps."""
     import random

@@ -138,3 +138,24 @@ def test_train_job_succeeds(ray_head, tmp_path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 1 and summary["real_transitions"] > 0
     assert (run_dir / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_dry_run_job_with_an_uploaded_config(ray_head, tmp_path) -> None:
+    """The cluster/README.md recipe: a folder holding only the config goes up with ``--working-dir`` and
+    ``dreamgym train CONFIG --dry-run`` checks the plan against the live cluster it was submitted to."""
+    import yaml
+
+    address, env = ray_head
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    small = {"num_cpus": 0.25}
+    (job_dir / "my-config.yaml").write_text(yaml.safe_dump({
+        "run": {"name": "uploaded"}, "policy": {"engine": small}, "experience_model": {"engine": small},
+        "learner": small, "replay": {"num_cpus": 0.1}, "train": {"rollout": {"workers": 1, "num_cpus": 0.1}}}))
+    runtime_env = {"env_vars": {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}}
+    submitted = _ray("job", "submit", "--no-wait", "--address", address, "--working-dir", str(job_dir),
+                     "--runtime-env-json", json.dumps(runtime_env),
+                     "--", str(VENV_BIN / "dreamgym"), "train", "my-config.yaml", "--dry-run", env=env)
+    logs = _wait_for_job(address, submitted, env, timeout=300)
+    assert "total: " in logs and "fits the Ray cluster at" in logs and "(2 CPUs, 0 GPUs" in logs, logs[-2000:]

@@ -208,9 +208,10 @@ def test_alfworld_dialect(serve: Callable[[FastAPI], str]) -> None:
     assert win.done and win.success and win.reward == 1.0
     # An error reply with HTTP 200, AgentGym style, becomes an error naming the endpoint.
     env.reset(env.tasks(1)[0])
-    env._env_id = 5
+    env._lease.env_id = 5  # as if the server had been restarted
     with pytest.raises(RemoteEnvironmentError, match=r"POST /step reported an error: The id 5 is not valid"):
         env.step("look")
+    assert env._env_id is None  # a stale id is forgotten: the next reset creates a new environment
 
 
 # -- WebArena (agentenv-webarena: env_idx, {env_idx} /create, reset {seed, idx}, terminated) -------
@@ -257,8 +258,8 @@ def webarena_app(log: list[tuple[str, Any]]) -> FastAPI:
 def test_webarena_dialect(serve: Callable[[FastAPI], str]) -> None:
     log: list[tuple[str, Any]] = []
     env = RemoteEnv("webarena", serve(webarena_app(log)))
-    obs = env.reset(env.tasks(1, first=44)[0])
-    assert log[-1] == ("reset", {"seed": 0, "idx": 44, "env_idx": 3})
+    obs = env.reset(env.tasks(1, first=8, split="test")[0])  # the 9th test task: every fifth config number
+    assert log[-1] == ("reset", {"seed": 0, "idx": 40, "env_idx": 3})
     assert obs.instruction == "What is the price of the cheapest mug?" and obs.admissible_actions is None
     # The prompt template around the page is boilerplate; the page and its URL stay.
     assert obs.state == "[1] RootWebArea 'One Stop Market' focused: True\n[5] link 'Mugs'\nURL: http://shop.local/"
@@ -301,12 +302,14 @@ def test_malformed_replies_and_timeouts_name_the_endpoint(serve: Callable[[FastA
     env = RemoteEnv("textcraft", url, timeout_s=0.5)
     with pytest.raises(RemoteEnvironmentError, match=r"POST /create answered something that is not JSON"):
         env.reset(env.tasks(1)[0])
-    env._env_id = 0
+    env._lease.env_id = 0
     with pytest.raises(RemoteEnvironmentError, match=r"POST /reset failed \(HTTP 500\): Internal Server Error"):
         env.reset(env.tasks(1)[0])
     env._task, env._done = env.tasks(1)[0], False
     with pytest.raises(EnvironmentUnavailableError, match=r"did not answer POST /step within 0.5 s \(env.timeout_s\)"):
         env.step("get 1 oak log")
+    # After a timeout the server may still be working on (or have lost) the environment: it is not reused.
+    assert env._env_id is None
 
 
 def test_dreamgym_dialect_refuses_a_foreign_server(serve: Callable[[FastAPI], str]) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from dreamgym.config import load_config
 from dreamgym.rollout import split_stale
-from dreamgym.schedule import Schedule, rollout_plan
+from dreamgym.schedule import RolloutPlan, Schedule, rollout_plan
 from dreamgym.train_state import IterationLog, TrainState
 from dreamgym.types import Group, Task, Trajectory
 
@@ -44,7 +44,7 @@ def test_text_only_variants_train_in_synthesis_only() -> None:
 
 def test_rollout_phases_name_their_environment_and_policy() -> None:
     assert (rollout_plan("synthetic").env, rollout_plan("synthetic").policy) == ("synthetic", "policy")
-    assert rollout_plan("eval").env == "real" and rollout_plan("random").policy == "random"
+    assert rollout_plan("eval").env == "eval" and rollout_plan("random") == RolloutPlan("eval", "random")
     with pytest.raises(ValueError, match=r"phase 'dream'; expected one of synthetic, real, eval, random"):
         rollout_plan("dream")
 
@@ -77,3 +77,10 @@ def test_iteration_log_times_phases_into_the_run_counters() -> None:
     rec = log.record()
     assert rec["stale_groups"] == 0 and set(rec["phase_seconds"]) == {"learner", "synthetic"}
     assert state.phase_seconds["synthetic"] == 2.5 and state.phase_steps["synthetic"] == 40
+
+
+def test_only_real_iterations_need_the_real_environment_for_training() -> None:
+    assert not Schedule("synthetic", 4).uses_real_training
+    assert Schedule("real", 1).uses_real_training
+    assert Schedule("s2r", 3, synthetic_iterations=2).uses_real_training
+    assert not Schedule("s2r", 2, synthetic_iterations=2).uses_real_training

@@ -10,6 +10,7 @@ demonstration (the retrieval-only baseline of the experience-model issue), so sy
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import yaml
 from scripted_openai_server import ScriptedOpenAIServer
 
 from dreamgym.config import deep_merge, validate_config
+from dreamgym.data.transitions import TransitionWriter
 from dreamgym.experience.prompts import format_reply
 
 VENV_BIN = Path(sys.executable).parent
@@ -192,3 +194,64 @@ def test_resume_after_the_driver_is_killed(tmp_path: Path) -> None:
     assert iters[-1] == 3 and set(range(1, 4)) <= set(iters)
     driver = json.loads(sorted((run_dir / "checkpoints").glob("step-*/driver.json"))[-1].read_text())
     assert driver["sessions"] == 2 and driver["iteration"] == 3
+
+
+WEBARENA_PAGES = [
+    ("RootWebArea 'Shop' link 'Orders' link 'Account' searchbox", "click [Orders]",
+     "RootWebArea 'Orders' table 'Order 17 shipped' link 'Back'"),
+    ("RootWebArea 'Forum' link 'New post' link 'Inbox' textbox", "click [Inbox]",
+     "RootWebArea 'Inbox' list 'Message from admin' link 'Back'"),
+]
+
+
+def _webarena_offline(path: Path) -> Path:
+    """Offline WebArena-Lite-style transitions (accessibility-tree states), as a user's collected file would
+    hold them; no server exists anywhere in the test."""
+    rows = []
+    for task, (state, action, nxt) in enumerate(WEBARENA_PAGES):
+        for ep in range(3):
+            rows.append({"episode_id": f"wa-{task}-{ep}", "step": 0, "task_id": f"remote:webarena/{task}",
+                         "env": "remote:webarena", "instruction": f"Open the page of task {task}.",
+                         "state": state, "action": action, "next_state": nxt, "reward": float(ep == 0),
+                         "done": True, "success": ep == 0, "admissible_actions": None, "source": "real",
+                         "policy": "offline"})
+    with TransitionWriter(path) as w:
+        w.write(rows)
+    return path
+
+
+def _reward_by_action(body: dict[str, Any]) -> str:
+    """An experience model that pays some actions and not others (a stable function of the action text), so
+    GRPO groups have reward variance; every episode ends after one step."""
+    action = body["messages"][-1]["content"].rsplit("Action:", 1)[-1].strip()
+    paid = int(hashlib.sha256(action.encode()).hexdigest(), 16) % 2 == 0
+    return format_reply("RootWebArea 'Done'", float(paid), True, paid, "the page the action leads to")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+def test_synthetic_training_needs_no_real_environment_and_takes_learner_steps(ray_cluster, tmp_path: Path) -> None:
+    """DreamGym on an environment that is not RL-ready (WebArena-Lite): with offline data and evaluation off,
+    two synthetic iterations train (new weight versions) while the environment's server does not exist: the
+    URL points at a closed port, so any reset or step of the real environment would fail the run."""
+    from actors.driver import run_train
+
+    offline = _webarena_offline(tmp_path / "webarena.parquet")
+    with ScriptedOpenAIServer(_reward_by_action) as server:
+        cfg = validate_config(tiny_config(
+            tmp_path, env={"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
+            experience_model={"backend": "http", "url": server.url, "top_k": 1},
+            curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
+            learner={"group_size": 4},
+            train={"mode": "synthetic", "iterations": 2, "offline_data": str(offline),
+                   "warm_start": {"method": "none"}, "eval": {"enabled": False}}))
+        s = run_train(cfg)
+    assert s["iterations"] == 2 and s["real_transitions"] == 0 and s["eval_transitions"] == 0
+    assert s["learner_steps"] == 2, s  # every synthetic iteration moved the weights
+    iters = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
+    assert [int(it["learner"]["version"]) for it in iters] == [1, 2]
+    assert all(it["rollout"]["real_resets"] == 0 and it["groups"]["mixed_groups"] >= 1 for it in iters)
+    assert {t.split("#")[0] for it in iters for t in it["tasks"]} <= {"remote:webarena/0", "remote:webarena/1"}
+    report = (Path(s["run_dir"]) / "report.md").read_text()
+    assert "synthetic episodes whose reward agrees with their success: 100%" in report

@@ -18,7 +18,7 @@ from dreamgym.runs import MetricsLog, create_run_dir
 
 
 def run_annotate(cfg: DreamGymConfig) -> dict[str, Any]:
-    from dreamgym.experience.annotate import TeacherAnnotator, TemplateAnnotator, annotate_file
+    from dreamgym.experience.annotate import annotate_file, annotator_from_config
 
     a = cfg.experience_model.annotate
     if a.data is None:
@@ -26,15 +26,7 @@ def run_annotate(cfg: DreamGymConfig) -> dict[str, Any]:
     run_dir = create_run_dir(cfg, "annotate")
     out = Path(a.out) if a.out else run_dir / "annotated.parquet"
     budget = cfg.experience_model.train.step_budget
-    annotator: Any
-    if a.teacher_url:
-        from dreamgym.experience.http_client import OpenAIClient
-        from dreamgym.experience.schema import Sampling
-
-        client = OpenAIClient(a.teacher_url, a.teacher_model, a.teacher_api_key, concurrency=a.concurrency)
-        annotator = TeacherAnnotator(client, Sampling(temperature=0.0, max_tokens=a.teacher_max_tokens), budget)
-    else:
-        annotator = TemplateAnnotator(budget)
+    annotator = annotator_from_config(a, budget)
     t0 = time.perf_counter()
     summary = annotate_file(a.data, out, annotator, batch_size=a.batch_size)
     summary.update(run_dir=str(run_dir), seconds=round(time.perf_counter() - t0, 2),

@@ -18,14 +18,24 @@ def default_train_config() -> str:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    if getattr(args, "dry_run", False):
+        config = Path(args.resume) / "config.yaml" if args.resume else (args.config or default_train_config())
+        return dry_run(load_config(config, overrides), args.cluster_cpus, args.cluster_gpus, args.node_gpus)
     if args.resume:
         parse_overrides(overrides)  # malformed overrides fail before anything starts
         cfg = None
     else:
         cfg = load_config(args.config or default_train_config(), overrides)
+    from actors.cluster import unwrap_actor_error
     from actors.driver import run_train
 
-    s = run_train(cfg, resume=args.resume, overrides=overrides if args.resume else None)
+    try:
+        s = run_train(cfg, resume=args.resume, overrides=overrides if args.resume else None)
+    except Exception as e:  # an actor's error (e.g. the environment server died): its message, not Ray's traceback
+        cause = unwrap_actor_error(e)
+        if cause is e:
+            raise
+        raise cause from None
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.0%}"
@@ -34,6 +44,52 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
           f"success {pct(s['success_start'])} -> {pct(s['success_final'])} (random valid action "
           f"{pct(s['baseline_success'])}); real transitions {s['real_transitions']} for training, "
           f"{s['synthetic_transitions']} synthetic; report {s.get('report', '-')}; run directory {s['run_dir']}")
+    return 0
+
+
+def cluster_shape(cfg: DreamGymConfig) -> tuple[float, float, float | None, str]:
+    """``(CPUs, GPUs, GPUs of the largest node, what)`` of the cluster ``cfg`` would run on: the joined cluster
+    (``ray.address`` / ``RAY_ADDRESS``; joining starts no actor), else this machine (its CPUs, or ``ray.num_cpus``,
+    and the GPUs ``nvidia-smi -L`` lists)."""
+    import os
+    import shutil
+    import subprocess
+
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        from actors.cluster import cluster_shape as live_shape
+
+        cpus, gpus, node_gpus = live_shape(address)
+        return cpus, gpus, node_gpus, f"the Ray cluster at {address}"
+    gpus = 0.0
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        gpus = float(sum(line.startswith("GPU ") for line in r.stdout.splitlines())) if r.returncode == 0 else 0.0
+    cpus = float(cfg.ray.num_cpus or os.cpu_count() or 1)
+    return cpus, gpus, gpus, "this machine (a local Ray)"
+
+
+def dry_run(cfg: DreamGymConfig, cluster_cpus: float | None = None, cluster_gpus: float | None = None,
+            node_gpus: float | None = None) -> int:
+    """Print the placement plan of ``cfg`` and check it against a cluster: the stated shape where one is given
+    (``cluster_cpus`` / ``cluster_gpus`` / ``node_gpus``), else the live one. Exit code 0 when it fits, 2 when not."""
+    from dreamgym.placement import plan_placement
+
+    plan = plan_placement(cfg)
+    print(plan.table())
+    if cluster_cpus is None and cluster_gpus is None:
+        cpus, gpus, largest, what = cluster_shape(cfg)
+        node_gpus = largest if node_gpus is None else node_gpus
+    else:
+        cpus, gpus, what = cluster_cpus, cluster_gpus, "the stated cluster shape"
+    shape = ", ".join(x for x in (f"{cpus:g} CPUs" if cpus is not None else "",
+                                  f"{gpus:g} GPUs" if gpus is not None else "",
+                                  f"{node_gpus:g} GPUs on the largest node" if node_gpus is not None else "") if x)
+    problems = plan.problems(cpus, gpus, node_gpus)
+    if problems:
+        print(f"does not fit {what} ({shape}): " + "; ".join(problems))
+        return 2
+    print(f"fits {what} ({shape})")
     return 0
 
 

@@ -7,15 +7,21 @@ servers for WebShop, ALFWorld, WebArena(-Lite), ScienceWorld and TextCraft, or `
 success.
 
 Lifecycle: construction checks that the server answers (``GET /``) so a wrong URL fails at once with
-one ``EnvironmentUnavailableError``; the server-side environment is created (``POST /create``) at the
-first ``reset`` and released by ``close()``. One instance runs one episode at a time.
+one ``EnvironmentUnavailableError``, and that it is the dialect's server (a banner naming another
+family is refused). The server-side environment is created (``POST /create``) at the first ``reset``
+and released by ``close()``, else by a finalizer (garbage collection, interpreter exit). After a
+connection error, a timeout or an "id not valid" reply the id is forgotten and the next reset creates
+a new environment: a restarted server hands out old ids to other clients (where the dialect can tell,
+``Dialect.owns``, each reset also checks that the server's last observation for the id is the client's).
+One instance runs one episode at a time.
 
 Tasks: a ``dreamgym`` server lists its tasks (``GET /tasks``). AgentGym servers do not; their tasks
 are integer indices into the server's own task list (WebShop session ids, ALFWorld game numbers,
-WebArena config numbers, ScienceWorld variations) and ``tasks(count, first)`` returns indices
-``first .. first+count-1``, or a window of ``env.params.task_ids`` (e.g. ``"0-99,200,205"``) when
-given, which is how a split or the WebArena-Lite subset is chosen. Their instructions are known only
-after ``reset``.
+WebArena config numbers, ScienceWorld variations, TextCraft goals, BabyAI levels and seeds) and
+``tasks(count, first, split)`` returns the ``first .. first+count-1``-th indices of the dialect's split
+(``remote_dialects.Split``), or a window of ``env.params.task_ids`` (e.g. ``"0-99,200,205"``) when
+given, which is how the WebArena-Lite subset is chosen. Their instructions are known only after
+``reset``.
 
 Every failure is a ``DreamGymError`` that names the server and the endpoint: unreachable server or
 timeout -> ``EnvironmentUnavailableError`` (with how to start one); an HTTP error, an ``{"error": ...}``
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -49,7 +56,14 @@ if TYPE_CHECKING:
     from dreamgym.config import EnvConfig
 
 #: ``env.params`` keys the client reads itself; every other key is sent with ``POST /create``.
-CLIENT_PARAMS = ("task_ids", "world_type")
+CLIENT_PARAMS = ("task_ids", "train_task_ids", "dev_task_ids", "test_task_ids", "world_type", "dialect_check")
+
+#: Error replies meaning the server does not know the client's environment id (any more): AgentGym's
+#: "The id 15 is not valid." / "... has been deleted.", a dreamgym server's "unknown environment id 15".
+_STALE_ID = re.compile(r"\bid \d+ is not valid|environment \d+ has been deleted|unknown environment id")
+
+#: ``GET /`` of an AgentGym server: ``"This is environment TextCraft."``.
+_BANNER = re.compile(r"^\s*This is environment ([\w .-]+?)\.?\s*$")
 
 #: Error classes a dreamgym server names in its error replies (``{"error": ..., "type": ...}``).
 _FORWARDED_ERRORS: dict[str, type[DreamGymError]] = {
@@ -84,12 +98,23 @@ class RemoteEnv(Environment):
         self.timeout_s = timeout_s
         self.with_admissible = admissible_actions
         self._task_ids = _parse_task_ids(self.params.get("task_ids"))
+        self._split_task_ids = {split: _parse_task_ids(self.params.get(f"{split}_task_ids"))
+                                for split in ("train", "dev", "test")}
         self._http = requests.Session()
+        # The server-side environment this client holds; a finalizer closes it when the client is garbage
+        # collected or the interpreter exits without ``close()`` (a Ray actor killed with ray.kill runs
+        # neither: its owner calls ``close`` first).
+        self._lease = _Lease(self._http, self.url, self.dialect.id_key, self.dialect.has_close)
+        self._finalizer = weakref.finalize(self, _release, self._lease)
         # Episode state.
-        self._env_id: int | None = None
         self._task: Task | None = None
         self._instruction = ""
         self._admissible: list[str] | None = None
+        self._episode_actions: list[str] | None = None
+        self._plan: list[str] | None = None
+        self._level = 0.0
+        self._last: tuple[str, bool] | None = None
+        """The server's last observation text to this client and whether it ended the episode."""
         self._steps = 0
         self._done = True
         try:
@@ -114,6 +139,11 @@ class RemoteEnv(Environment):
     def known_names(cls) -> list[str]:
         return list(DIALECTS)
 
+    @property
+    def _env_id(self) -> int | None:
+        """The server-side environment id this client holds (``None``: none yet, or forgotten)."""
+        return self._lease.env_id
+
     # -- tasks ---------------------------------------------------------------------------------
     def tasks(self, count: int, first: int = 0, split: str = "train") -> list[Task]:
         if count < 0 or first < 0:
@@ -132,30 +162,32 @@ class RemoteEnv(Environment):
                 for i in indices]
 
     def _indices(self, count: int, first: int, split: str) -> list[int]:
-        """Server task indices: a window of ``env.params.task_ids`` if given (it overrides the split),
-        else of the dialect's range for ``split``, else ``first .. first+count-1``."""
-        if self._task_ids is not None:
-            if first + count > len(self._task_ids):
+        """Server task indices: a window of ``env.params.<split>_task_ids`` or ``env.params.task_ids`` if
+        given (they override the split), else of the dialect's split (``remote_dialects.Split``)."""
+        chosen = self._split_task_ids.get(split)
+        key = f"{split}_task_ids"
+        if chosen is None:
+            chosen, key = self._task_ids, "task_ids"
+        if chosen is not None:
+            if first + count > len(chosen):
                 raise EnvironmentSpecError(
-                    f"{self.spec}: env.params.task_ids lists {len(self._task_ids)} tasks; "
+                    f"{self.spec}: env.params.{key} lists {len(chosen)} tasks; "
                     f"tasks {first}..{first + count - 1} were asked for"
                 )
-            return self._task_ids[first:first + count]
+            return chosen[first:first + count]
         splits = self.dialect.splits
-        if not splits:
-            return list(range(first, first + count))
         if split not in splits:
             raise EnvironmentSpecError(
                 f"{self.spec} has no {split!r} split; valid splits: {', '.join(splits)} "
                 "(or choose indices with env.params.task_ids)"
             )
-        start, stop = splits[split]
-        if stop is not None and start + first + count > stop:
+        size = splits[split].size()
+        if size is not None and first + count > size:
             raise EnvironmentSpecError(
-                f"{self.spec} split {split!r} holds {stop - start} tasks; tasks {first}..{first + count - 1} "
+                f"{self.spec} split {split!r} holds {size} tasks; tasks {first}..{first + count - 1} "
                 "were asked for"
             )
-        return list(range(start + first, start + first + count))
+        return splits[split].indices(first, count)
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, task: Task) -> Observation:
@@ -171,25 +203,66 @@ class RemoteEnv(Environment):
                     f"into the server's task list (make them with tasks())"
                 )
             body = d.reset_body(index, self.params)
-        body[d.id_key] = self._ensure_created()
-        payload = self._request("POST", "/reset", body=body)
+        self._check_ownership()
+        payload = self._reset_request(body)
         reply = self._parse(d.parse_reset, "POST", "/reset", payload)
+        self._last = (reply.text, reply.done)
         if d.observe_after_reset:
-            observed = self._request("GET", "/observation", query=self._id_query())
+            observed = self._call("GET", "/observation", query=self._id_query())
             reply.text = observed if isinstance(observed, str) else str(observed)
         self._task, self._steps, self._done = task, 0, False
+        self._level = reply.level or 0.0
         self._instruction = self._find_instruction(reply, task)
+        self._episode_actions = d.episode_actions(reply.text) if d.episode_actions else None
+        self._plan = d.gold_plan(reply.text) if d.gold_plan else None
         self._admissible = self._fetch_admissible(reply)
         return self._observation(reply)
+
+    def _check_ownership(self) -> None:
+        """Before a reset: is the environment behind this client's id still the one it played? A server that
+        restarted while the client sat idle may have handed the id to another client; the server's last
+        observation for the id then differs from the client's, and the id is forgotten (not closed: it is
+        not this client's). Only for dialects whose ``/observation`` can tell (``Dialect.owns``)."""
+        owns = self.dialect.owns
+        if owns is None or self._lease.env_id is None or self._last is None:
+            return
+        last_text, last_done = self._last
+        try:
+            mine = owns(self._call("GET", "/observation", query=self._id_query()), last_text)
+        except RemoteEnvironmentError as e:
+            # ScienceWorld and BabyAI refuse to show a finished episode: ours, if our last reply finished it.
+            mine = last_done and "has finished" in str(e) and self._lease.env_id is not None
+        if not mine:
+            self._lease.env_id = None
+
+    def _reset_request(self, body: dict[str, Any]) -> Any:
+        """``POST /reset`` on this client's environment; one that the server no longer knows (it was restarted
+        or closed the environment) is replaced by a new one, never by guessing that the old id is still ours."""
+        for attempt in (0, 1):
+            body[self.dialect.id_key] = self._ensure_created()
+            try:
+                return self._call("POST", "/reset", body=body)
+            except RemoteEnvironmentError as e:
+                if attempt or not _STALE_ID.search(str(e)):
+                    raise
+        raise AssertionError("unreachable")
 
     def step(self, action: str) -> StepResult:
         if self._done or self._task is None:
             raise RuntimeError("step() called with no running episode: call reset(task) first")
         d = self.dialect
         was_admissible = None if self._admissible is None else action in self._admissible
-        payload = self._request("POST", "/step", body={d.id_key: self._env_id, "action": d.wrap_action(action)})
-        reply = self._parse(d.parse_step, "POST", "/step", payload)
+        try:
+            payload = self._call("POST", "/step", body={d.id_key: self._env_id, "action": d.wrap_action(action)})
+            reply = self._parse(d.parse_step, "POST", "/step", payload)
+        except DreamGymError:
+            self._done = True  # the episode cannot go on; the next reset starts a new one
+            raise
+        self._last = (reply.text, reply.done)
         self._steps += 1
+        reward = reply.reward
+        if reply.level is not None:  # a running score: the reward is its change (remote_dialects.Reply.level)
+            reward, self._level = round(reply.level - self._level, 9), reply.level
         # The client enforces env.max_steps itself: AgentGym servers have no step budget.
         truncated = not reply.done and self._steps >= self.max_steps
         self._done = reply.done or truncated
@@ -197,17 +270,22 @@ class RemoteEnv(Environment):
         info = dict(reply.info)
         info.setdefault("admissible", was_admissible)
         info["truncated"] = bool(info.get("truncated")) or truncated
-        return StepResult(observation=self._observation(reply), reward=reply.reward, done=self._done,
+        return StepResult(observation=self._observation(reply), reward=reward, done=self._done,
                           success=reply.success, info=info)
 
     def admissible_actions(self) -> list[str] | None:
         return None if self._admissible is None else list(self._admissible)
 
     def gold_actions(self) -> list[str] | None:
-        """A dreamgym server's expert plan for the running episode; AgentGym servers have none."""
-        if self.dialect.name != "dreamgym" or self._env_id is None or self._task is None:
+        """The expert plan of the running episode: a dreamgym server's, or one the dialect computes from the
+        first observation (TextCraft's crafting commands); other AgentGym servers have none."""
+        if self._task is None:
             return None
-        payload = self._request("GET", "/gold_actions", query=self._id_query())
+        if self.dialect.gold_plan is not None:
+            return None if self._plan is None else list(self._plan)
+        if self.dialect.name != "dreamgym" or self._env_id is None:
+            return None
+        payload = self._call("GET", "/gold_actions", query=self._id_query())
         if payload is not None and not isinstance(payload, list):
             raise self._malformed("GET", "/gold_actions", "a JSON list of actions or null", payload)
         return None if payload is None else [str(a) for a in payload]
@@ -217,11 +295,9 @@ class RemoteEnv(Environment):
         return normalise_state(cleaned, max_chars=self.state_max_chars, boilerplate=self.dialect.boilerplate)
 
     def close(self) -> None:
-        if self._env_id is not None and self.dialect.has_close:
-            # Best effort: the server may already be gone when a run shuts down.
-            with contextlib.suppress(DreamGymError):
-                self._request("POST", "/close", body={self.dialect.id_key: self._env_id})
-        self._env_id, self._task, self._done = None, None, True
+        """Close the server-side environment (best effort: the server may be gone when a run shuts down)."""
+        _release(self._lease)
+        self._task, self._done = None, True
         self._http.close()
 
     # -- helpers -------------------------------------------------------------------------------
@@ -231,11 +307,26 @@ class RemoteEnv(Environment):
                            instruction=self._instruction)
 
     def _ensure_created(self) -> int:
-        if self._env_id is None:
+        if self._lease.env_id is None:
             body = {k: v for k, v in self.params.items() if k not in CLIENT_PARAMS}
             payload = self._request("POST", "/create", body=body)
-            self._env_id = self._parse(self.dialect.create_id, "POST", "/create", payload)
-        return self._env_id
+            self._lease.env_id = self._parse(self.dialect.create_id, "POST", "/create", payload)
+        return self._lease.env_id
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+              query: dict[str, Any] | None = None) -> Any:
+        """A request about this client's environment. When it fails in a way that may mean the server lost or
+        replaced the environment (unreachable, timed out, "id not valid"), the id is forgotten: a restarted
+        server hands out ids from 0 again, so an old id may now be another client's environment."""
+        try:
+            return self._request(method, path, body=body, query=query)
+        except EnvironmentUnavailableError:
+            self._lease.env_id = None
+            raise
+        except RemoteEnvironmentError as e:
+            if _STALE_ID.search(str(e)):
+                self._lease.env_id = None
+            raise
 
     def _id_query(self) -> dict[str, Any]:
         return {self.dialect.id_key: self._env_id}
@@ -245,7 +336,7 @@ class RemoteEnv(Environment):
         if reply.instruction:
             return reply.instruction
         if d.instruction_endpoint:
-            text = self._request("GET", d.instruction_endpoint, query=self._id_query())
+            text = self._call("GET", d.instruction_endpoint, query=self._id_query())
             # WebShop's page heading reads "Instruction: <goal>".
             return re.sub(r"^\s*Instruction:\s*", "", str(text or "")).strip()
         return find_instruction(d.instruction_pattern, reply.text) or task.instruction
@@ -254,18 +345,40 @@ class RemoteEnv(Environment):
         d = self.dialect
         if not self.with_admissible:
             return None
+        if reply.admissible is None and self._episode_actions is not None:
+            return list(self._episode_actions)
         if reply.admissible is not None or d.actions_endpoint is None or d.parse_actions is None:
             return reply.admissible
-        payload = self._request("GET", d.actions_endpoint, query=self._id_query())
+        payload = self._call("GET", d.actions_endpoint, query=self._id_query())
         return self._parse(d.parse_actions, "GET", d.actions_endpoint, payload)
 
     def _probe(self) -> Any:
+        """``GET /``, and the dialect check: a server that names another family is refused at once (a wrong
+        dialect otherwise looks like it works: servers ignore fields they do not know, such as a game index)."""
         payload = self._request("GET", "/")
-        if self.dialect.name == "dreamgym" and not (isinstance(payload, dict) and payload.get("protocol") == PROTOCOL):
+        d = self.dialect
+        ours = isinstance(payload, dict) and payload.get("protocol") == PROTOCOL
+        if d.name == "dreamgym" and not ours:
             others = ", ".join(f"remote:{n}" for n in DIALECTS if n != "dreamgym")
             raise RemoteEnvironmentError(
                 f"the server at {self.url} is not a `dreamgym serve-env` server (GET / answered {payload!r:.120}); "
                 f"for an AgentGym server use its dialect ({others})"
+            )
+        if d.name == "dreamgym" or str(self.params.get("dialect_check", True)).lower() in ("false", "0", "no"):
+            return payload
+        named = _BANNER.match(payload) if isinstance(payload, str) else None
+        family = named.group(1) if named else None
+        match = next((n for n, x in DIALECTS.items() if x.banner and family and x.banner.lower() == family.lower()),
+                     None)
+        if ours:
+            family, match = "dreamgym serve-env", "dreamgym"
+        wrong = family is not None and (match != d.name if d.banner or match else False)
+        if wrong:
+            use = f"use remote:{match}" if match else "no dialect of this client speaks to it"
+            raise RemoteEnvironmentError(
+                f"the server at {self.url} is a {family} server (GET / answered {payload!r:.120}), not the "
+                f"{d.description} server that {self.spec} expects: {use} (or, if the server names itself "
+                "wrongly, set env.params.dialect_check false)"
             )
         return payload
 
@@ -318,6 +431,27 @@ class RemoteEnv(Environment):
         hint = self.dialect.start_hint.format(port=port)
         return (f"cannot reach the environment server for {self.spec} at {self.url} ({where}: {reason}). "
                 f"Is it running? To fix: {hint}, or point env.url at the right server.")
+
+
+@dataclasses.dataclass
+class _Lease:
+    """The server-side environment a ``RemoteEnv`` holds, kept apart from it so that a finalizer can
+    close the environment without keeping the client alive."""
+
+    http: requests.Session
+    url: str
+    id_key: str
+    has_close: bool
+    env_id: int | None = None
+
+
+def _release(lease: _Lease) -> None:
+    """Close the leased environment once (best effort: a server that is gone has nothing left to close)."""
+    env_id, lease.env_id = lease.env_id, None
+    if env_id is None or not lease.has_close:
+        return
+    with contextlib.suppress(requests.RequestException):
+        lease.http.post(lease.url + "/close", json={lease.id_key: env_id}, timeout=(5, 10))
 
 
 def _check_url(url: str, spec: str) -> str:

@@ -22,6 +22,9 @@ sciworld      id         ``{id}``                    ``{data_idx: i}`` ->       
                                                      observation, score, ...}``       done}``
 textcraft     id         ``{id, observation, ...}``  ``{data_idx: i}`` ->             ``{observation,
                                                      ``{observation, ...}``           reward, done}``
+babyai        id         ``{id}``                    ``{data_idx: i}`` ->             ``{observation,
+                                                     ``{observation, reward,          reward, score,
+                                                     score, done}``                   done}``
 dreamgym      id         ``{id, env_idx}``           ``{task: Task}`` or an index     ``{observation,
               (or        (``dreamgym serve-env``)    -> ``{observation, state,        state, reward, done,
               env_idx)                               instruction, available_actions,  success, info,
@@ -31,28 +34,36 @@ dreamgym      id         ``{id, env_idx}``           ``{task: Task}`` or an inde
 Other differences that matter to a client:
 
 - Query parameters of ``GET`` endpoints use the same id field (``?env_idx=3`` or ``?id=3``).
-- ALFWorld, ScienceWorld and TextCraft report failures as HTTP 200 with ``{"error": "..."}``.
+- ALFWorld, ScienceWorld, TextCraft and BabyAI report failures as HTTP 200 with ``{"error": "..."}``;
+  an unknown id is ``"The id N is not valid."`` (a restarted server hands out ids from 0 again).
+- ``GET /`` names the family: ``"This is environment TextCraft."`` (``banner`` below; the client refuses
+  a server that names another family).
 - Admissible actions: WebShop answers ``GET /available_actions`` with ``{has_search_bar,
   clickables}`` (actions are ``click[<clickable>]`` and ``search[<keywords>]``); ALFWorld puts
-  ``available_actions`` into every reset/step reply; WebArena, ScienceWorld and TextCraft offer none
+  ``available_actions`` into every reset/step reply; BabyAI writes ``Available actions: [...]`` at the
+  end of every observation; TextCraft lists its crafting commands in the first observation (the client
+  derives the episode's valid actions and an expert plan from them); WebArena and ScienceWorld offer none
   (ScienceWorld's ``/action_hint`` lists templates and objects, not valid actions).
 - Instruction: WebShop ``GET /instruction_text``; ALFWorld the ``Your task is to: ...`` line of the
   first observation; WebArena the ``object`` field of the reset reply; ScienceWorld
-  ``task_description``; TextCraft the ``Goal: ...`` line.
-- Rewards and success: WebShop pays a reward in [0, 1] when ``click[buy now]`` ends the episode
+  ``task_description``; TextCraft the ``Goal: ...`` line; BabyAI the ``Your goal: ...`` line.
+- Rewards and success (one convention per family, the same as the local adapters'; the table is in
+  docs/remote-environments.md): WebShop pays a reward in [0, 1] when ``click[buy now]`` ends the episode
   (success = reward 1.0, the usual WebShop success rate); ALFWorld's reward is ``won`` (0/1);
   WebArena's reward is the evaluator's 0/1 and only meaningful when ``terminated``; ScienceWorld's
-  ``score`` runs 0..100 (reward = score change / 100, success = score 100); TextCraft pays 1 for the
-  crafted goal.
+  ``score`` runs 0..100, -100 for a failed task (reward = change of max(score, 0) / 100, so a failure
+  counts 0 as in ``sciworld:``; success = score 100); TextCraft pays 1 for the crafted goal; BabyAI's
+  ``reward`` is a level repeated in every reply (reward = its change, success = ``done``).
 - Actions: WebArena's server extracts the action from between triple backticks (it parses an LLM's
   whole answer); a bare action such as ``click [1234]`` is wrapped in backticks here.
-- ``POST /close`` exists for WebArena, ScienceWorld, TextCraft and dreamgym only.
+- ``POST /close`` exists for WebArena, ScienceWorld, TextCraft, BabyAI and dreamgym only.
 - Tasks are integer indices into the server's own task list: WebShop session ids (goal indices),
   ALFWorld game indices, WebArena config file numbers (``config_files/<i>.json``), ScienceWorld
-  (task, variation) pairs, TextCraft goals. The servers do not list them. Where the benchmark fixes
-  a split, ``splits`` below records it: WebShop test 0-499, dev 500-1499, train 1500+ (WebShop's
-  ``baseline_models/env.py``); ALFWorld train 0-2419, test 2420-2619 (the order of the server's two
-  mapping files).
+  (task, variation) pairs, TextCraft goals, BabyAI (level, seed) pairs. The servers do not list them.
+  ``splits`` below gives every dialect a train and a test split: the benchmark's own where it fixes
+  one (WebShop test 0-499, dev 500-1499, train 1500+, from WebShop's ``baseline_models/env.py``;
+  ALFWorld train 0-2419, test 2420-2619, the order of the server's two mapping files), else every
+  fifth index (BabyAI: every fifth seed) held out for test.
 """
 
 from __future__ import annotations
@@ -83,6 +94,9 @@ class Reply:
     """The task instruction when the reply carries it."""
     state: str | None = None
     """The abstract state, when the server computed it (dreamgym servers do)."""
+    level: float | None = None
+    """The episode's progress so far in [0, 1], where the server reports a running score instead of
+    per-step rewards (ScienceWorld, BabyAI): the client's reward is the change of the level."""
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -92,6 +106,39 @@ def _same_action(action: str) -> str:
 
 def _keep_text(text: str, instruction: str) -> str:
     return text
+
+
+@dataclass(frozen=True)
+class Split:
+    """The task indices of one split: indices ``i`` in ``[start, stop)`` with ``(i - start) % period`` in
+    ``residues``. A contiguous range is ``period=1, residues=(0,)``; an interleaved split (every fifth
+    index for ``test``) keeps the server's order of difficulty or task type in both splits."""
+
+    start: int = 0
+    stop: int | None = None
+    """First index past the split (``None``: open end)."""
+    period: int = 1
+    residues: tuple[int, ...] = (0,)
+
+    def size(self) -> int | None:
+        if self.stop is None:
+            return None
+        full, rest = divmod(self.stop - self.start, self.period)
+        return full * len(self.residues) + sum(1 for r in self.residues if r < rest)
+
+    def index(self, k: int) -> int:
+        """The server index of the split's ``k``-th task."""
+        block, r = divmod(k, len(self.residues))
+        return self.start + block * self.period + self.residues[r]
+
+    def indices(self, first: int, count: int) -> list[int]:
+        return [self.index(k) for k in range(first, first + count)]
+
+
+def interleaved(stop: int | None, period: int, test: tuple[int, ...]) -> dict[str, Split]:
+    """``test``: the indices whose remainder modulo ``period`` is in ``test``; ``train``: all others."""
+    train = tuple(r for r in range(period) if r not in test)
+    return {"train": Split(0, stop, period, train), "test": Split(0, stop, period, tuple(sorted(test)))}
 
 
 @dataclass(frozen=True)
@@ -117,6 +164,11 @@ class Dialect:
     actions_endpoint: str | None = None
     """``GET`` endpoint listing admissible actions (``parse_actions`` reads its reply)."""
     parse_actions: Callable[[JSON], list[str]] | None = None
+    episode_actions: Callable[[str], list[str]] | None = None
+    """Valid actions read from the first observation and kept for the whole episode (TextCraft's
+    crafting commands), where the server lists none."""
+    gold_plan: Callable[[str], list[str] | None] | None = None
+    """An expert plan computed from the first observation, where the observation reveals enough."""
     wrap_action: Callable[[str], str] = _same_action
     has_close: bool = False
     state_cleaner: Callable[[str, str], str] = _keep_text
@@ -125,8 +177,15 @@ class Dialect:
     """Regexes of lines the abstract state drops."""
     start_hint: str = ""
     """How to start such a server (shown when it cannot be reached)."""
-    splits: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
-    """Task index range ``[start, stop)`` of each split where the benchmark fixes one (``None``: open end)."""
+    splits: Mapping[str, Split] = field(default_factory=dict)
+    """The task indices of each split: the benchmark's own where it fixes one, else a documented
+    deterministic split by index (every dialect has ``train`` and ``test``)."""
+    banner: str | None = None
+    """The family the server names in ``GET /`` (``"This is environment <banner>."``); ``None``: not known."""
+    owns: Callable[[JSON, str], bool] | None = None
+    """Whether the ``GET /observation`` reply for the client's id shows the last observation the client was
+    given (``reply, last text``): the check, before each reset, that a restarted server has not handed the
+    id to another client. ``None``: the server's ``/observation`` cannot tell."""
 
 
 # -- small readers -----------------------------------------------------------------------------
@@ -221,18 +280,134 @@ def _webarena_action(action: str) -> str:
     return action if "```" in action else f"```{action.strip()}```"
 
 
-# -- ScienceWorld / TextCraft --------------------------------------------------------------------
+# -- ScienceWorld ---------------------------------------------------------------------------------
+
+
+def _sciworld_level(payload: JSON) -> tuple[float, float]:
+    # The score runs 0..100, and -100 once the task is failed; failure counts as 0, as in the local
+    # ``sciworld:`` adapter, so an episode's rewards sum to its final score / 100.
+    score = _num(payload, "score")
+    return score, max(score, 0.0) / 100.0
 
 
 def _sciworld_reset(payload: JSON) -> Reply:
+    _, level = _sciworld_level(payload)
     return Reply(text=_text(payload.get("observation")), instruction=_text(payload.get("task_description")),
-                 info={"task_name": payload.get("task_name"), "variation": payload.get("var_num")})
+                 level=level, info={"task_name": payload.get("task_name"), "variation": payload.get("var_num")})
 
 
 def _sciworld_step(payload: JSON) -> Reply:
-    score = _num(payload, "score")
-    return Reply(text=_text(payload.get("observation")), reward=_num(payload, "reward") / 100.0,
-                 done=bool(payload.get("done")), success=score >= 100.0, info={"score": score})
+    score, level = _sciworld_level(payload)
+    done = bool(payload.get("done"))
+    return Reply(text=_text(payload.get("observation")), level=level, done=done,
+                 success=done and score >= 100.0, info={"score": int(score), "task_failure": score < 0})
+
+
+# -- TextCraft -------------------------------------------------------------------------------------
+
+_CRAFT = re.compile(r"^craft (\d+) (.+?) using (.+)$")
+_INGREDIENT = re.compile(r"^(\d+) (.+)$")
+
+
+def _textcraft_recipes(text: str) -> list[tuple[str, int, str, list[tuple[int, str]]]]:
+    """``(command, output count, output item, [(count, input item)])`` of every crafting command listed."""
+    out = []
+    for line in text.splitlines():
+        m = _CRAFT.match(line.strip())
+        if not m:
+            continue
+        inputs = []
+        for part in m.group(3).split(","):
+            im = _INGREDIENT.match(part.strip())
+            if im:
+                inputs.append((int(im.group(1)), im.group(2)))
+        out.append((line.strip(), int(m.group(1)), m.group(2), inputs))
+    return out
+
+
+def _textcraft_family(item: str, made: dict[str, list[str]]) -> list[str]:
+    """The listed items an ingredient such as ``planks`` stands for (``oak planks``, ...): TextCraft's item
+    families are named by their last words and must be spelled as one member in a command. ``made`` maps
+    each listed output to its ingredients; an output made from ``item`` itself (``black stained glass``
+    from ``glass``) is not a member."""
+    if item in made:
+        return []
+    return sorted(m for m, inputs in made.items() if m.endswith(" " + item) and item not in inputs)
+
+
+def _textcraft_command(n: int, item: str, inputs: list[tuple[int, str]]) -> str:
+    return f"craft {n} {item} using " + ", ".join(f"{c} {i}" for c, i in inputs)
+
+
+def _textcraft_actions(text: str) -> list[str]:
+    """The actions TextCraft's first observation reveals: ``inventory``; every listed crafting command, with
+    an item family (``2 planks``) spelled as each of its listed members (``2 oak planks``), since the server
+    only crafts from named items; and ``get <n> <item>`` for every ingredient no listed command makes (``n``:
+    each count a command uses)."""
+    recipes = _textcraft_recipes(text)
+    made = {item: [i for _, i in inputs] for _, _, item, inputs in recipes}
+    crafts: list[str] = []
+    gets: dict[str, set[int]] = {}
+    for cmd, n, item, inputs in recipes:
+        families = {i: _textcraft_family(i, made) for _, i in inputs}
+        for family, members in families.items():
+            if not members:
+                continue
+            for member in members:
+                crafts.append(_textcraft_command(n, item, [(c, member if i == family else i) for c, i in inputs]))
+        if not any(families.values()):
+            crafts.append(cmd)
+        for count, ingredient in inputs:
+            if ingredient not in made and not families[ingredient]:
+                gets.setdefault(ingredient, set()).add(count)
+    return ["inventory", *dict.fromkeys(crafts),
+            *(f"get {n} {item}" for item, counts in gets.items() for n in sorted(counts))]
+
+
+def _textcraft_plan(text: str) -> list[str] | None:
+    """An expert plan from the listed commands: craft the goal with the first command that makes it,
+    ingredients first (recursively; an item family such as ``planks`` as its first listed member), getting
+    what no command makes. ``None`` when no command makes the goal."""
+    goal = find_instruction(r"Goal: craft (.+?)\.?$", text)
+    recipes = _textcraft_recipes(text)
+    made = {item: [i for _, i in inputs] for _, _, item, inputs in recipes}
+    by_output: dict[str, tuple[int, list[tuple[int, str]]]] = {}
+    for _, n, item, inputs in recipes:
+        by_output.setdefault(item, (n, inputs))
+    if goal not in by_output:
+        return None
+    plan: list[str] = []
+    have: dict[str, int] = {}
+
+    def need(item: str, n: int, path: tuple[str, ...]) -> None:
+        recipe = by_output.get(item)
+        if recipe is None:
+            if have.get(item, 0) < n:  # as many as the command uses: a count the valid actions list
+                plan.append(f"get {n} {item}")
+                have[item] = have.get(item, 0) + n
+            return
+        if item in path or len(plan) > 100:  # a cycle of commands (ingot <-> block) or a runaway plan
+            raise ValueError(item)
+        made_n, inputs = recipe
+        concrete = [(c, (_textcraft_family(i, made) or [i])[0]) for c, i in inputs]
+        while have.get(item, 0) < n:
+            for count, ingredient in concrete:
+                need(ingredient, count, (*path, item))
+            for count, ingredient in concrete:
+                have[ingredient] = have.get(ingredient, 0) - count
+            plan.append(_textcraft_command(made_n, item, concrete))
+            have[item] = have.get(item, 0) + made_n
+
+    try:
+        need(goal, 1, ())
+    except ValueError:
+        return None
+    return plan
+
+
+def _same_text(payload: JSON, last: str) -> bool:
+    # TextCraft and ScienceWorld answer GET /observation with the text of their last reply.
+    return payload == last
 
 
 def _textcraft_reset(payload: JSON) -> Reply:
@@ -243,6 +418,39 @@ def _textcraft_step(payload: JSON) -> Reply:
     reward = _num(payload, "reward")
     return Reply(text=_text(payload.get("observation")), reward=reward, done=bool(payload.get("done")),
                  success=reward >= 1.0)
+
+
+# -- BabyAI ------------------------------------------------------------------------------------------
+
+_BABYAI_ACTIONS = re.compile(r"\n?Available actions: \[(.*)\]\s*$", re.S)
+#: A valid BabyAI action that only repeats the list the client already has.
+_BABYAI_CHECK = "check available actions"
+
+
+def _babyai_actions(text: str) -> list[str] | None:
+    m = _BABYAI_ACTIONS.search(text)
+    if not m:
+        return None
+    return [a for a in re.findall(r'"([^"]*)"', m.group(1)) if a != _BABYAI_CHECK]
+
+
+def _babyai_reply(payload: JSON) -> Reply:
+    # ``reward`` is a level, not a step reward: MiniGrid's 1 - 0.9 * steps / max_steps once the goal is
+    # reached, repeated in every later reply; ``done`` only once that level is above 0.5.
+    text, done = _text(payload.get("observation")), bool(payload.get("done"))
+    level = min(max(_num(payload, "reward"), 0.0), 1.0)
+    return Reply(text=text, level=level, done=done, success=done, admissible=_babyai_actions(text),
+                 instruction=find_instruction(r"Your goal:\s*(.+)", text) or None)
+
+
+def _babyai_owns(payload: JSON, last: str) -> bool:
+    # GET /observation answers {"observation": "Your goal: ...\n" + the last observation, ...}.
+    return isinstance(payload, dict) and _text(payload.get("observation")).endswith(last)
+
+
+def _babyai_clean(text: str, instruction: str) -> str:
+    text = _BABYAI_ACTIONS.sub("", text)
+    return "\n".join(line for line in text.splitlines() if not line.startswith("Your goal:"))
 
 
 # -- dreamgym (our own server, ``dreamgym serve-env``) -----------------------------------------
@@ -260,6 +468,9 @@ def _dreamgym_reply(payload: JSON) -> Reply:
         info=dict(payload.get("info") or {}),
     )
 
+
+#: TextCraft's goals: the items whose recipe tree is at least one level deep (``reset`` takes index % 544).
+TEXTCRAFT_GOALS = 544
 
 _AGENTGYM_HINT = "start AgentGym's agentenv-{0} server (`{0} --host 0.0.0.0 --port {{port}}`) on that machine"
 
@@ -280,7 +491,8 @@ DIALECTS: dict[str, Dialect] = {
         state_cleaner=_webshop_clean,
         start_hint=_AGENTGYM_HINT.format("webshop"),
         # WebShop's own split of its (seed-233 shuffled) goals, baseline_models/env.py.
-        splits={"test": (0, 500), "dev": (500, 1500), "train": (1500, None)},
+        splits={"test": Split(0, 500), "dev": Split(500, 1500), "train": Split(1500, None)},
+        banner="WebShop",
     ),
     "alfworld": Dialect(
         name="alfworld",
@@ -293,7 +505,8 @@ DIALECTS: dict[str, Dialect] = {
         instruction_pattern=r"Your task is to:\s*(.+)",
         start_hint=_AGENTGYM_HINT.format("alfworld"),
         # The server lists configs/mappings_train.json (2,420 games), then mappings_test.json (200).
-        splits={"train": (0, 2420), "test": (2420, 2620)},
+        splits={"train": Split(0, 2420), "test": Split(2420, 2620)},
+        banner="AlfWorld",
     ),
     "webarena": Dialect(
         name="webarena",
@@ -310,6 +523,8 @@ DIALECTS: dict[str, Dialect] = {
         # are known to the agent already, empty text nodes carry nothing.
         boilerplate=(r"^OBSERVATION:$", r"^OBJECTIVE:", r"^PREVIOUS ACTION:", r"^\[\d+\] StaticText ''$"),
         start_hint=_AGENTGYM_HINT.format("webarena"),
+        # No split of its own: every fifth config number (0, 5, ...) is a test task.
+        splits=interleaved(812, 5, (0,)),
     ),
     "sciworld": Dialect(
         name="sciworld",
@@ -321,6 +536,10 @@ DIALECTS: dict[str, Dialect] = {
         parse_step=_sciworld_step,
         has_close=True,
         start_hint=_AGENTGYM_HINT.format("sciworld"),
+        # The server's list of (task, variation) pairs has no split: every fifth pair is a test task.
+        splits=interleaved(None, 5, (0,)),
+        banner="ScienceWorld",
+        owns=_same_text,
     ),
     "textcraft": Dialect(
         name="textcraft",
@@ -331,8 +550,30 @@ DIALECTS: dict[str, Dialect] = {
         parse_reset=_textcraft_reset,
         parse_step=_textcraft_step,
         instruction_pattern=r"Goal:\s*(.+)",
+        episode_actions=_textcraft_actions,
+        gold_plan=_textcraft_plan,
         has_close=True,
         start_hint=_AGENTGYM_HINT.format("textcraft"),
+        # 544 goals sorted by recipe depth (an index past them wraps around): every fifth is a test goal.
+        splits=interleaved(TEXTCRAFT_GOALS, 5, (0,)),
+        banner="TextCraft",
+        owns=_same_text,
+    ),
+    "babyai": Dialect(
+        name="babyai",
+        description="AgentGym agentenv-babyai (BabyAI / MiniGrid levels in text)",
+        id_key="id",
+        create_id=lambda p: _key(p, "id"),
+        reset_body=lambda i, params: {"data_idx": i},
+        parse_reset=_babyai_reply,
+        parse_step=_babyai_reply,
+        has_close=True,
+        state_cleaner=_babyai_clean,
+        start_hint=_AGENTGYM_HINT.format("babyai"),
+        # Index i is level i % 40 + 1 with seed i // 40: seeds 0, 5, 10, ... (all 40 levels) are test tasks.
+        splits=interleaved(None, 200, tuple(range(40))),
+        banner="BabyAI",
+        owns=_babyai_owns,
     ),
     "dreamgym": Dialect(
         name="dreamgym",

@@ -19,12 +19,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.prompts import PromptOptions, clip, format_number, user_prompt
 from dreamgym.experience.schema import CompletionRequest, ExperienceQuery, Sampling
 from dreamgym.experience.templates import FamilyTemplate, template_for
+
+if TYPE_CHECKING:
+    from dreamgym.config import AnnotateConfig
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
@@ -139,6 +142,17 @@ class TeacherAnnotator:
 
 
 Annotator = TemplateAnnotator | TeacherAnnotator
+
+
+def annotator_from_config(cfg: AnnotateConfig, step_budget: int | None = None) -> Annotator:
+    """The teacher annotator when ``annotate.teacher_url`` names an endpoint, else the template annotator
+    (the offline default: rationales written from the transition itself, labelled ``template``)."""
+    if not cfg.teacher_url:
+        return TemplateAnnotator(step_budget)
+    from dreamgym.experience.http_client import OpenAIClient
+
+    client = OpenAIClient(cfg.teacher_url, cfg.teacher_model, cfg.teacher_api_key, concurrency=cfg.concurrency)
+    return TeacherAnnotator(client, Sampling(temperature=0.0, max_tokens=cfg.teacher_max_tokens), step_budget)
 
 
 def annotate_file(

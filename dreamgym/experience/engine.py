@@ -45,6 +45,7 @@ class EngineOptions:
     cpu_bind: str | None = None
     device: str = "cpu"
     gpu_memory_utilization: float = 0.85
+    tensor_parallel_size: int = 1
 
 
 def engine_env(opts: EngineOptions) -> dict[str, str]:
@@ -100,6 +101,9 @@ class AsyncEngine:
             kw["gpu_memory_utilization"] = self.opts.gpu_memory_utilization
         else:
             kw["kv_cache_memory_bytes"] = int(self.opts.kv_cache_gib * 2**30)
+        from dreamgym.placement import vllm_parallel_kwargs
+
+        kw.update(vllm_parallel_kwargs(self.opts.tensor_parallel_size))
         args = EngineArgs(
             model=self.opts.model, dtype=self.opts.dtype, max_model_len=self.opts.max_model_len,
             enable_prefix_caching=self.opts.prefix_caching, enforce_eager=self.opts.enforce_eager,

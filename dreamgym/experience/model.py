@@ -1,7 +1,8 @@
 """``ExperienceModel``: the reasoning experience model on top of any ``ExperienceClient``.
 
 For each query ``(task, history, s_t, a_t, top-k demonstrations)`` it builds the prompt, asks the
-client, parses the reply strictly and retries malformed replies with the documented change of
+client, parses the reply strictly, checks it against the family's reward rule
+(``dreamgym.envs.reward_rules``) and retries malformed replies with the documented change of
 sampling (``retry.py``); a query still malformed after the last attempt becomes an *invalid*
 prediction. All queries of a call are sent as one batch per attempt, so a backend runs them
 concurrently.
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from dreamgym.envs.reward_rules import reward_rule
 from dreamgym.experience.accounting import InvalidAccounting
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.parser import MalformedReply, parse_reply
@@ -35,6 +37,7 @@ class ExperienceModel:
         sampling: Sampling | None = None,
         retry: RetryPolicy | None = None,
         inadmissible: str = "settle",
+        check_reward_rule: bool = True,
     ) -> None:
         if inadmissible not in ("settle", "model"):
             raise ValueError(f"inadmissible must be 'settle' or 'model', got {inadmissible!r}")
@@ -44,6 +47,7 @@ class ExperienceModel:
         self.sampling = base if base.stop else base.with_(stop=STOP)
         self.retry = retry or RetryPolicy()
         self.inadmissible = inadmissible
+        self.check_reward_rule = check_reward_rule
         self.stats = InvalidAccounting()
         self.busy_s = 0.0
         """Wall time spent inside ``predict`` (summed over concurrent callers)."""
@@ -94,7 +98,7 @@ class ExperienceModel:
                 for (i, messages, sampling), reply in zip(pending, replies, strict=True):
                     st.prompt_tokens += reply.prompt_tokens
                     st.completion_tokens += reply.completion_tokens
-                    pred = self._parse(reply, attempt)
+                    pred = self._parse(reply, attempt, queries[i])
                     if pred.valid:
                         out[i] = pred
                         st.valid += 1
@@ -114,7 +118,7 @@ class ExperienceModel:
                 self.busy_s += time.perf_counter() - t0
         return [p for p in out if p is not None]
 
-    def _parse(self, reply: Completion, attempt: int) -> Prediction:
+    def _parse(self, reply: Completion, attempt: int, q: ExperienceQuery) -> Prediction:
         common = {"attempts": attempt, "raw": reply.text, "prompt_tokens": reply.prompt_tokens,
                   "completion_tokens": reply.completion_tokens}
         if reply.finish_reason.startswith("error"):
@@ -127,4 +131,8 @@ class ExperienceModel:
             if reply.finish_reason == "length" and reason.startswith(("missing", "unclosed")):
                 reason = "truncated"
             return Prediction("", 0.0, False, False, valid=False, invalid_reason=reason, **common)
+        broken = reward_rule(q.env).violation(p.reward, p.done, p.success, q.reward_so_far,
+                                              self.prompt.reward_max) if self.check_reward_rule else None
+        if broken is not None:
+            return Prediction("", 0.0, False, False, valid=False, invalid_reason=broken, **common)
         return Prediction(p.next_state, p.reward, p.done, p.success, reasoning=p.reasoning, **common)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dreamgym.data.task_facts import OfflineTaskFacts
 from dreamgym.replay.records import point_id
 from dreamgym.types import Demonstration, Task, Transition
 
@@ -72,9 +72,8 @@ class TransitionIndex:
         self.action_weight = action_weight
         self.exact_action_bonus = exact_action_bonus
         entries: dict[tuple[Any, ...], _Entry] = {}
-        self._tasks: OrderedDict[str, Task] = OrderedDict()
-        self._initial: dict[str, Counter[str]] = {}
-        self._admissible: dict[str, list[str]] = {}
+        self.facts = OfflineTaskFacts()
+        """Tasks, initial states and valid actions of the indexed data."""
         self.size = 0
         for t in transitions:
             self.size += 1
@@ -85,13 +84,7 @@ class TransitionIndex:
             else:
                 e.count += 1
                 e.episodes.add(t.episode_id)
-            if t.task_id not in self._tasks:
-                self._tasks[t.task_id] = Task(task_id=t.task_id, env=t.env, instruction=t.instruction,
-                                              params={}, origin="seed")
-            if t.step == 0:
-                self._initial.setdefault(t.task_id, Counter())[t.state] += 1
-            if t.admissible_actions is not None:
-                self._admissible.setdefault(t.state, list(t.admissible_actions))
+            self.facts.add(t)
         self.entries = list(entries.values())
         self._search = functools.lru_cache(maxsize=cache_size)(self._search_uncached)
 
@@ -141,22 +134,11 @@ class TransitionIndex:
 
     # -- task facts ----------------------------------------------------------------------------
     def tasks(self, count: int | None = None, first: int = 0) -> list[Task]:
-        """Tasks seen in the data, in first-seen order, each with its most common initial state in
-        ``params['initial_state']``."""
-        out = []
-        for task in list(self._tasks.values())[first: None if count is None else first + count]:
-            params = dict(task.params)
-            init = self._initial.get(task.task_id)
-            if init:
-                params["initial_state"] = init.most_common(1)[0][0]
-            out.append(Task(task.task_id, task.env, task.instruction, params, task.origin))
-        return out
+        """Tasks seen in the data (``OfflineTaskFacts.tasks``)."""
+        return self.facts.tasks(count, first)
 
     def initial_state(self, task: Task) -> str | None:
-        init = self._initial.get(task.task_id)
-        return init.most_common(1)[0][0] if init else None
+        return self.facts.initial_state(task)
 
     def admissible(self, state: str) -> list[str] | None:
-        """The valid actions recorded for exactly this state, if it was seen."""
-        acts = self._admissible.get(state)
-        return list(acts) if acts is not None else None
+        return self.facts.admissible(state)

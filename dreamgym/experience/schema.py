@@ -39,6 +39,8 @@ class ExperienceQuery:
     """Top-k retrieved real transitions, most similar first (the prompt reads their transition fields)."""
     admissible_actions: list[str] | None = None
     """Valid actions in ``s_t`` where known; an action outside this list is settled as a failure."""
+    reward_so_far: float = 0.0
+    """Reward the episode has earned before this step (the family's reward rule bounds what is left)."""
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,11 @@ def engine_options(cfg: ExperienceModelConfig, model_path: str, index: int = 0) 
         model=model_path, dtype=e.dtype, max_model_len=e.max_model_len, prefix_caching=e.prefix_caching,
         enforce_eager=e.enforce_eager, seed=e.seed + index, kv_cache_gib=e.kv_cache_gib,
         omp_threads=e.omp_threads, cpu_bind=bind, device=e.device, gpu_memory_utilization=e.gpu_memory_utilization,
+        tensor_parallel_size=e.tensor_parallel_size,
     )
 
 
 def build_model(cfg: ExperienceModelConfig, client: ExperienceClient, state_max_chars: int = 2_000) -> ExperienceModel:
     """An ``ExperienceModel`` over ``client`` with the config's prompt, sampling and retry policy."""
     return ExperienceModel(client, prompt_options(cfg, state_max_chars), sampling(cfg), retry_policy(cfg),
-                           inadmissible=cfg.inadmissible)
+                           inadmissible=cfg.inadmissible, check_reward_rule=cfg.check_reward_rule)

@@ -67,6 +67,7 @@ class SyntheticEnv(Environment):
         self._history: list[HistoryStep] = []
         self._done = True
         self._last_demos = 0
+        self._return = 0.0
 
     @property
     def state_rules(self) -> str:  # type: ignore[override]
@@ -97,6 +98,7 @@ class SyntheticEnv(Environment):
         self._task = task
         self._state = self.abstract_state(str(state))
         self._history = []
+        self._return = 0.0
         self._done = False
         self._valid = self._admissible(self._state) if self._admissible else None
         return Observation(text=self._state, state=self._state, admissible_actions=self._valid,
@@ -116,6 +118,7 @@ class SyntheticEnv(Environment):
         return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
             history=list(self._history), demonstrations=demos, admissible_actions=self._valid,
+            reward_so_far=self._return,
         )
 
     def apply(self, action: str, pred: Prediction) -> StepResult:
@@ -132,6 +135,7 @@ class SyntheticEnv(Environment):
                               instruction=self._task.instruction)
             return StepResult(observation=obs, reward=0.0, done=True, success=False, info=info)
         self._state = self.abstract_state(pred.next_state)
+        self._return += pred.reward
         self._history.append(HistoryStep(action=action, state=self._state))
         truncated = not pred.done and len(self._history) >= self.max_steps
         self._done = pred.done or truncated

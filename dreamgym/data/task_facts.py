@@ -1,0 +1,70 @@
+"""What real transitions tell about tasks, with no real environment: the facts synthesis starts from.
+
+DreamGym trains in the experience model; the real environment is needed only to evaluate and for real
+iterations. Everything else a synthetic episode needs comes from the offline data: the tasks seen (with
+their instructions), each task's initial state ``s_0`` (the most common step-0 state of its episodes) and
+the valid actions recorded per state. ``OfflineTaskFacts`` collects them in one pass; the rollout workers,
+the curriculum (its seed tasks in synthetic-only runs) and ``TransitionIndex`` share it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+
+from dreamgym.types import Task, Transition
+
+
+class OfflineTaskFacts:
+    """Tasks, initial states and valid actions per state, from real transitions."""
+
+    def __init__(self, transitions: Iterable[Transition] = ()) -> None:
+        self._tasks: OrderedDict[str, Task] = OrderedDict()
+        self._initial: dict[str, Counter[str]] = {}
+        self._admissible: dict[str, list[str]] = {}
+        for t in transitions:
+            self.add(t)
+
+    @staticmethod
+    def from_parquet(path: str | Path, env: str | None = None) -> OfflineTaskFacts:
+        """The facts of a transitions file (only rows of ``env`` when given)."""
+        from dreamgym.data.transitions import iter_transitions
+
+        return OfflineTaskFacts(t for t in iter_transitions(path) if env is None or t.env == env)
+
+    def add(self, t: Transition) -> None:
+        if t.task_id not in self._tasks:
+            self._tasks[t.task_id] = Task(task_id=t.task_id, env=t.env, instruction=t.instruction)
+        if t.step == 0:
+            self._initial.setdefault(t.task_id, Counter())[t.state] += 1
+        if t.admissible_actions is not None:
+            self.add_state(t.state, t.admissible_actions)
+
+    def add_state(self, state: str, admissible: Iterable[str] | None) -> None:
+        """Record the valid actions of ``state`` (the first list seen for a state is kept)."""
+        if admissible is not None:
+            self._admissible.setdefault(state, list(admissible))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def tasks(self, count: int | None = None, first: int = 0) -> list[Task]:
+        """Tasks seen in the data, in first-seen order, each with its initial state in
+        ``params['initial_state']`` (so a ``SyntheticEnv`` resets it without the real environment)."""
+        out = []
+        for task in list(self._tasks.values())[first: None if count is None else first + count]:
+            init = self.initial_state(task)
+            params = {**task.params, **({"initial_state": init} if init else {})}
+            out.append(Task(task.task_id, task.env, task.instruction, params, task.origin))
+        return out
+
+    def initial_state(self, task: Task) -> str | None:
+        """``s_0`` of ``task``: the most common first state of its episodes in the data."""
+        init = self._initial.get(task.task_id)
+        return init.most_common(1)[0][0] if init else None
+
+    def admissible(self, state: str) -> list[str] | None:
+        """The valid actions recorded for exactly this state, if it was seen."""
+        acts = self._admissible.get(state)
+        return list(acts) if acts is not None else None

@@ -1,0 +1,188 @@
+"""The cluster files: the autoscaler YAML against the schema Ray ships (and Ray's own config validation), the
+KubeRay manifests against KubeRay's CRD schemas (vendored under tests/data/kuberay, from KubeRay v1.7.0; unknown
+fields rejected as ``kubectl apply``'s strict field validation does), and their resources cross-checked with the
+example configs: no custom resource that no config field asks for, and room for configs/gpu-cluster.yaml."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from dreamgym.config import load_config
+from dreamgym.placement import plan_placement
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = REPO / "cluster"
+KUBERAY = Path(__file__).parent / "data" / "kuberay"
+BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
+VARS = {"DREAMGYM_IMAGE": "registry.example.com/dreamgym:gpu-1", "DREAMGYM_AMI": "ami-0123456789abcdef0",
+        "DREAMGYM_EFS_DNS": "fs-0123.efs.us-west-2.amazonaws.com"}
+
+
+def substituted(path: Path) -> Any:
+    """The file with its ``${VAR}`` template variables filled in (what envsubst does); every variable known."""
+    text = path.read_text()
+    names = set(re.findall(r"\$\{(\w+)\}", text))
+    assert names <= set(VARS), f"{path.name}: undocumented template variables {names - set(VARS)}"
+    for k, v in VARS.items():
+        text = text.replace("${" + k + "}", v)
+    return yaml.safe_load(text)
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields rejected (objects with ``properties`` and no ``additionalProperties``)."""
+    s = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node["additionalProperties"] = False
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(s)
+    return s
+
+
+def crd_schema(name: str) -> dict[str, Any]:
+    return json.loads(gzip.open(KUBERAY / f"{name}-v1.json.gz").read())["openAPIV3Schema"]
+
+
+def validate_crd(doc: dict[str, Any], crd: str) -> None:
+    body = {k: v for k, v in doc.items() if k != "metadata"}  # the CRD leaves metadata to the API server
+    jsonschema.validate(body, strict(crd_schema(crd)))
+
+
+# -- the Ray autoscaler config ---------------------------------------------------------------------------
+def autoscaler() -> dict[str, Any]:
+    return substituted(CLUSTER / "ray-cluster.yaml")
+
+
+def test_autoscaler_yaml_matches_rays_schema() -> None:
+    import ray
+
+    cfg = autoscaler()
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    jsonschema.validate(cfg, schema)
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(cfg))  # what `ray up` runs before it talks to the cloud
+
+
+def test_autoscaler_image_and_machine_image_are_variables() -> None:
+    raw = yaml.safe_load((CLUSTER / "ray-cluster.yaml").read_text())
+    assert raw["docker"]["image"] == "${DREAMGYM_IMAGE}"
+    for name, node in raw["available_node_types"].items():
+        assert node["node_config"].get("ImageId") == "${DREAMGYM_AMI}", name
+    text = (CLUSTER / "ray-cluster.yaml").read_text()
+    assert "driver >= 580" in text and "dreamgym:gpu\n" not in text
+
+
+def custom_resources_autoscaler(cfg: dict[str, Any]) -> set[str]:
+    return {k for n in cfg["available_node_types"].values() for k in n.get("resources", {}) if k not in BUILTIN}
+
+
+def custom_resources_kuberay(doc: dict[str, Any]) -> set[str]:
+    spec = doc["spec"].get("rayClusterSpec", doc["spec"])
+    groups = [spec.get("headGroupSpec", {}), *spec.get("workerGroupSpecs", [])]
+    out = set()
+    for g in groups:
+        params = g.get("rayStartParams", {})
+        if "resources" in params:
+            out |= set(json.loads(params["resources"].strip("'\"").replace('\\"', '"')))
+        out |= set(g.get("resources", {})) - BUILTIN
+    return out
+
+
+def test_no_custom_resource_that_no_config_asks_for() -> None:
+    """No config field requests a custom Ray resource, so the cluster files must declare none."""
+    from dreamgym.config import explain
+
+    config_resource_fields = [p for p, _, _ in explain() if p.endswith(".resources")]
+    assert config_resource_fields == []  # if one is added, cross-check its names against the cluster files here
+    assert custom_resources_autoscaler(autoscaler()) == set()
+    for f in ("kuberay-raycluster.yaml", "kuberay-rayjob.yaml"):
+        assert custom_resources_kuberay(substituted(CLUSTER / f)) == set(), f
+    # The check itself catches the old files' resources (a `rollout` / `policy_engine` resource nothing asked for).
+    bad = {"spec": {"workerGroupSpecs": [{"rayStartParams": {"resources": '"{\\"policy_engine\\": 4}"'}}]}}
+    assert custom_resources_kuberay(bad) == {"policy_engine"}
+
+
+def node_shapes_autoscaler(cfg: dict[str, Any]) -> list[tuple[float, float, int]]:
+    """(CPUs, GPUs, max nodes) per worker node type."""
+    return [(n["resources"].get("CPU", 0), n["resources"].get("GPU", 0), n.get("max_workers", 0))
+            for name, n in cfg["available_node_types"].items() if name != cfg["head_node_type"]]
+
+
+def fits(plan: Any, shapes: list[tuple[float, float, int]]) -> list[str]:
+    cpus = sum(c * k for c, _, k in shapes)
+    gpus = sum(g * k for _, g, k in shapes)
+    return plan.problems(cpus, gpus, max(g for _, g, _ in shapes))
+
+
+def test_example_configs_fit_the_cluster_files() -> None:
+    plan = plan_placement(load_config(REPO / "configs" / "gpu-cluster.yaml"))
+    assert fits(plan, node_shapes_autoscaler(autoscaler())) == []
+    rc = substituted(CLUSTER / "kuberay-raycluster.yaml")
+    shapes = []
+    for g in rc["spec"]["workerGroupSpecs"]:
+        lim = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        shapes.append((float(lim["cpu"]), float(lim.get("nvidia.com/gpu", 0)), g["maxReplicas"]))
+    assert fits(plan, shapes) == []
+    # The shape the example config's header states for --dry-run.
+    assert "--cluster-gpus 8" in (REPO / "configs" / "gpu-cluster.yaml").read_text()
+
+
+# -- KubeRay -------------------------------------------------------------------------------------------------
+def test_raycluster_matches_the_kuberay_crd_and_autoscales() -> None:
+    rc = substituted(CLUSTER / "kuberay-raycluster.yaml")
+    assert rc["apiVersion"] == "ray.io/v1" and rc["kind"] == "RayCluster"
+    validate_crd(rc, "rayclusters")
+    assert rc["spec"]["enableInTreeAutoscaling"] is True
+    assert all(g["minReplicas"] == 0 for g in rc["spec"]["workerGroupSpecs"])
+
+
+def test_rayjob_matches_the_kuberay_crd_and_selects_the_cluster() -> None:
+    job = substituted(CLUSTER / "kuberay-rayjob.yaml")
+    validate_crd(job, "rayjobs")
+    rc = substituted(CLUSTER / "kuberay-raycluster.yaml")
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": rc["metadata"]["name"]}
+    entry = job["spec"]["entrypoint"].split()
+    assert entry[:2] == ["dreamgym", "train"] and entry[2] == "/opt/dreamgym/configs/gpu-cluster.yaml"
+    load_config(REPO / "configs" / "gpu-cluster.yaml")  # the config it names: the repository's, copied into the image
+
+
+def test_strict_validation_rejects_unknown_fields() -> None:
+    rc = substituted(CLUSTER / "kuberay-raycluster.yaml")
+    rc["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3  # a typo kubectl's strict validation rejects
+    with pytest.raises(jsonschema.ValidationError, match="maxReplica"):
+        validate_crd(rc, "rayclusters")
+
+
+def test_the_shared_volume_is_defined_and_mounted_everywhere() -> None:
+    pvc = yaml.safe_load((CLUSTER / "kuberay-volume.yaml").read_text())
+    assert pvc["kind"] == "PersistentVolumeClaim" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"]
+    rc = substituted(CLUSTER / "kuberay-raycluster.yaml")
+    pods = [rc["spec"]["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"]
+                                                                for g in rc["spec"]["workerGroupSpecs"]]
+    for pod in pods:
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                  if "persistentVolumeClaim" in v}
+        assert claims == {"data": pvc["metadata"]["name"]}
+        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["data"] == "/data"
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+        assert env["HF_HOME"].startswith("/data/")
