@@ -251,7 +251,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
                                          placements=replica_places if in_groups else None)
         a.replay = f_replay.result()
         a.engines = f_engines.result()
-        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.dtype})")
+        log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.resolved_dtype()})")
         if f_replicas is not None:
             a.replicas = f_replicas.result()
             log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")

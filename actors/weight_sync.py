@@ -311,15 +311,16 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     import os
 
     kind = sync_backend(cfg)
+    dtype = cfg.policy.engine.resolved_dtype()
     if kind == "object_store":
-        return ObjectStoreWeightSync(engines, dtype=cfg.policy.engine.dtype, timeout_s=cfg.learner.sync_timeout_s)
+        return ObjectStoreWeightSync(engines, dtype=dtype, timeout_s=cfg.learner.sync_timeout_s)
     override = os.environ.get("DREAMGYM_NCCL_MASTER")
     if override:
         host, _, port_s = override.rpartition(":")
         port = int(port_s)
     else:
         host, port = learner_rendezvous()
-    return NcclWeightSync(engines, host, port, timeout_s=cfg.learner.sync_timeout_s, dtype=cfg.policy.engine.dtype,
+    return NcclWeightSync(engines, host, port, timeout_s=cfg.learner.sync_timeout_s, dtype=dtype,
                           tensor_parallel_size=cfg.policy.engine.tensor_parallel_size)
 
 

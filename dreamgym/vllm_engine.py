@@ -80,7 +80,7 @@ class VllmPolicy:
         t0 = time.perf_counter()
         self.llm = LLM(
             model=str(self.model_path),
-            dtype=e.dtype,
+            dtype=e.resolved_dtype(),
             seed=e.seed + engine_index,
             max_model_len=e.max_model_len,
             enforce_eager=e.enforce_eager,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dreamgym.grpo import engine_gap, policy_loss, tis_weights
+from dreamgym.hardware import native_bf16
 from dreamgym.types import Group, WeightVersion
 from learner import checkpoint
 from learner.batching import collate, micro_batches
@@ -83,6 +84,8 @@ class Learner:
         self.temperature = temperature
         self.seed = seed
         self.device = pick_device(cfg.device)
+        self.bf16 = cfg.precision == "bf16-autocast" or (cfg.precision == "auto" and native_bf16(self.device))
+        """Matmuls in bf16 autocast (``learner.precision``; ``auto``: where bf16 is native)."""
         torch.manual_seed(seed)
         self.generator = torch.Generator().manual_seed(seed)
         """Shuffles samples into mini-batches (checkpointed)."""
@@ -147,7 +150,7 @@ class Learner:
     def _autocast(self) -> Any:
         import torch
 
-        if self.cfg.precision == "bf16-autocast":
+        if self.bf16:
             return torch.autocast(device_type=self.device, dtype=torch.bfloat16)
         return nullcontext()
 

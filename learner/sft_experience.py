@@ -38,6 +38,7 @@ from dreamgym.experience.evaluate import EvalItem, build_items, done_label
 from dreamgym.experience.prompts import build_messages, format_outcome, format_reasoning
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.setup import prompt_options
+from dreamgym.hardware import native_bf16
 from dreamgym.types import Transition
 
 if TYPE_CHECKING:
@@ -221,6 +222,8 @@ def _train(
         raise DreamGymError(f"no training example fits max_seq_len={t.max_seq_len} in {t.data}")
     prep_s = time.perf_counter() - t0
     model = load_causal_lm(base)
+    # The SFT runs on CPU (autocast "cpu" below): bf16 only where the CPU computes it natively.
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and native_bf16("cpu"))
     if t.method == "lora":
         model = add_lora(model, LoraConfig(enabled=True, r=t.lora_r, alpha=float(t.lora_alpha)))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -242,7 +245,7 @@ def _train(
         opt.zero_grad(set_to_none=True)
         sum_r = sum_o = 0.0
         for i in batch:
-            lr_nll, lo_nll = example_nll(model, examples[i], bf16=t.precision == "bf16")
+            lr_nll, lo_nll = example_nll(model, examples[i], bf16=bf16)
             ((lr_nll + lo_nll) / denom).backward()
             sum_r += lr_nll.item()
             sum_o += lo_nll.item()
@@ -261,7 +264,7 @@ def _train(
     summary = {
         "out": str(out), "base": str(base), "method": t.method, "data": str(t.data), **counts,
         "examples_seen": sum(len(b) for b in batches), "steps": len(history), "epochs": t.epochs,
-        "batch_size": t.batch_size, "precision": t.precision,
+        "batch_size": t.batch_size, "precision": "bf16" if bf16 else "fp32",
         "loss_first": sum(h["loss"] for h in history[:k]) / k, "loss_last": sum(h["loss"] for h in history[-k:]) / k,
         "reasoning_nll_last": history[-1]["reasoning_nll"], "state_nll_last": history[-1]["state_nll"],
         "prepare_seconds": round(prep_s, 2), "train_seconds": round(train_s, 2),

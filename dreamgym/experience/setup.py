@@ -37,7 +37,7 @@ def engine_options(cfg: ExperienceModelConfig, model_path: str, index: int = 0) 
     e = cfg.engine
     bind = e.cpu_binds[index % len(e.cpu_binds)] if e.cpu_binds else "nobind"
     return EngineOptions(
-        model=model_path, dtype=e.dtype, max_model_len=e.max_model_len, prefix_caching=e.prefix_caching,
+        model=model_path, dtype=e.resolved_dtype(), max_model_len=e.max_model_len, prefix_caching=e.prefix_caching,
         enforce_eager=e.enforce_eager, seed=e.seed + index, kv_cache_gib=e.kv_cache_gib,
         omp_threads=e.omp_threads, cpu_bind=bind, device=e.device, gpu_memory_utilization=e.gpu_memory_utilization,
         tensor_parallel_size=e.tensor_parallel_size,
