@@ -215,6 +215,16 @@ def write_report(run_dir: str | Path) -> Path:
                          f"{'skipped' if lm.get('skipped') else format(lm.get('loss', 0.0), '.4f')} | "
                          f"v{int(lm.get('version', 0))} |")
         lines.append("")
+    ppo = [r for r in iters if "value_loss" in r.get("learner", {})]
+    if ppo:
+        lines += ["## Critic (PPO)", "", "| it | value loss | explained variance | advantage mean | advantage std "
+                  "| critic share of the step |", "|---" * 6 + "|"]
+        for r in ppo:
+            lm = r["learner"]
+            lines.append(f"| {r['iteration']} | {lm['value_loss']:.4f} | {lm.get('explained_variance', 0.0):.3f} | "
+                         f"{lm.get('adv_mean', 0.0):.3f} | {lm.get('adv_std', 0.0):.3f} | "
+                         f"{_pct(lm.get('critic_share'))} |")
+        lines.append("")
     if summary.get("phase_seconds"):
         lines += ["## Time per phase", "", "| phase | seconds |", "|---|---|"]
         lines += [f"| {k} | {v:.0f} |" for k, v in sorted(summary["phase_seconds"].items(), key=lambda kv: -kv[1])]

@@ -255,3 +255,28 @@ def test_synthetic_training_needs_no_real_environment_and_takes_learner_steps(ra
     assert {t.split("#")[0] for it in iters for t in it["tasks"]} <= {"remote:webarena/0", "remote:webarena/1"}
     report = (Path(s["run_dir"]) / "report.md").read_text()
     assert "synthetic episodes whose reward agrees with their success: 100%" in report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+@pytest.mark.parametrize("mode", ["synthetic", "real", "s2r"])
+def test_ppo_trains_in_every_mode(mode: str, ray_cluster, tmp_path: Path) -> None:
+    """``--learner.algorithm ppo`` through the whole loop: groups of one episode per task reach the learner,
+    the critic trains, and the report shows its value loss and explained variance."""
+    from actors.driver import run_train
+
+    with ScriptedOpenAIServer(_copy_top_demonstration) as server:
+        cfg = validate_config(tiny_config(
+            tmp_path, experience_model={"backend": "http", "url": server.url},
+            learner={"algorithm": "ppo", "group_size": 1},
+            curriculum={"tasks_per_iteration": 4},
+            train={"mode": mode, "iterations": 2, "synthetic_iterations": 1, "warm_start": {"method": "none"},
+                   "eval": {"at_start": False, "tasks": 2}}))
+        s = run_train(cfg)
+    assert s["iterations"] == 2 and s["learner_steps"] == 2, s
+    iters = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
+    phases = {"synthetic": ["synthetic"] * 2, "real": ["real"] * 2, "s2r": ["synthetic", "real"]}[mode]
+    assert [it["phase"] for it in iters] == phases
+    assert all("value_loss" in it["learner"] and "explained_variance" in it["learner"] for it in iters)
+    assert "## Critic (PPO)" in (Path(s["run_dir"]) / "report.md").read_text()
