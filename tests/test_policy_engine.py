@@ -166,9 +166,9 @@ def test_grpo_raises_reward_on_a_task_with_a_known_answer(engine, word_model: Pa
 
 
 @pytest.mark.slow
-def test_a_bf16_engine_shows_its_gap_to_the_fp32_learner_and_tis_weights_it(engine, word_model: Path) -> None:
+def test_a_bf16_engine_shows_its_gap_to_the_fp32_learner_and_tis_weights_it(ray_cluster, word_model: Path) -> None:
     """The mismatch the correction exists for, with the real parts: a vLLM engine samples in bf16 for the fp32
-    learner. Every step reports the engine-learner log-prob gap (far above the fp32 engine's); with
+    learner. Every step reports the engine-learner log-prob gap (far above an fp32 engine's); with
     ``learner.tis`` the token weights ``min(exp(log pi_learner - log pi_engine), cap)`` are not 1."""
     cfg = PolicyConfig(model=str(word_model), max_tokens=2, history_steps=0, max_admissible_shown=0,
                        engine=EngineConfig(dtype="bfloat16", max_model_len=256, seed=1, kv_cache_gib=0.25))
@@ -177,11 +177,12 @@ def test_a_bf16_engine_shows_its_gap_to_the_fp32_learner_and_tis_weights_it(engi
         samples = ray.get(bf16.act.remote(TURNS, n=8))
     finally:
         ray.kill(bf16)
-    fp32 = _learner(word_model).step(groups_from_samples(TASKS, ray.get(engine.act.remote(TURNS, n=8)), ANSWERS))
     groups = groups_from_samples(TASKS, samples, ANSWERS)
     plain = _learner(word_model).step(groups)
     corrected = Learner(LearnerConfig(lr=1e-2, device="cpu", group_size=8, tis=True, tis_cap=2.0), word_model,
                         seed=0).step(groups)
-    assert plain["engine_tokens"] > 0 and plain["engine_kl_max"] > 100 * fp32["engine_kl_max"], (plain, fp32)
+    # An fp32 engine matches the fp32 learner within ~1e-4 nats per token (a k3 gap of ~1e-8, see
+    # test_after_a_sync_engine_logprobs_match_the_learner); bf16 sampling measured ~5e-6 on this model.
+    assert plain["engine_tokens"] > 0 and plain["engine_kl_max"] > 1e-7, plain
     assert corrected["engine_kl_mean"] == pytest.approx(plain["engine_kl_mean"])
     assert corrected["tis_weight_mean"] != 1.0  # the weights are not 1
