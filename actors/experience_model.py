@@ -90,7 +90,6 @@ def start_replicas(
 
     ``placements``: per replica, the Ray options and extra environment of ``actors.placement.actor_options``
     (its placement-group bundles); required for a tensor-parallel replica."""
-    from actors.placement import wait_started
 
     n = count or cfg.replicas
     if cfg.engine.tensor_parallel_size > 1 and placements is None:
@@ -114,14 +113,10 @@ def start_replicas(
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
         handles.append(ray.remote(ExperienceModelReplica).options(**options).remote(opts, i))
-    try:
-        wait_started({h.start.remote(): f"experience-replica-{i}" for i, h in enumerate(handles)},
-                     cfg.engine.start_timeout_s, "experience_model.engine.start_timeout_s")
-    except Exception:
-        for h in handles:
-            ray.kill(h)
-        raise
-    return handles
+    from actors.placement import start_or_kill
+
+    return start_or_kill(handles, {h.start.remote(): f"experience-replica-{i}" for i, h in enumerate(handles)},
+                         cfg.engine.start_timeout_s, "experience_model.engine.start_timeout_s")
 
 
 def _driver_side_path(model: str) -> str:

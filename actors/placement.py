@@ -132,6 +132,17 @@ def remove_groups(groups: dict[str, Any]) -> None:
             remove_placement_group(pg)
 
 
+def start_or_kill(handles: list[Any], refs: dict[Any, str], timeout_s: float, what: str) -> list[Any]:
+    """``wait_started``; if any actor is not up, kill them all (none is half-started) and raise."""
+    try:
+        wait_started(refs, timeout_s, what)
+    except Exception:
+        for h in handles:
+            ray.kill(h)
+        raise
+    return handles
+
+
 def wait_started(refs: dict[Any, str], timeout_s: float, what: str) -> list[Any]:
     """``ray.get`` the start calls of several actors within ``timeout_s``; raise naming the ones not up."""
     ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)

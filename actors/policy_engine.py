@@ -146,7 +146,6 @@ def create_policy_engines(
     (its placement-group bundle); without them each engine asks for ``cfg.engine`` resources itself. The start
     is bounded by ``cfg.engine.start_timeout_s``; an engine not up by then is named in the error.
     """
-    from actors.placement import wait_started
 
     count = num_engines or cfg.num_engines
     if cfg.engine.tensor_parallel_size > 1 and placements is None:
@@ -179,11 +178,7 @@ def create_policy_engines(
             actor_cls.remote(cfg.model_dump(mode="json"), i, str(model_path) if model_path else None,
                              weight_transfer_backend)
         )
-    try:
-        wait_started({h.info.remote(): f"policy-engine-{i}" for i, h in enumerate(handles)},
-                     cfg.engine.start_timeout_s, "policy.engine.start_timeout_s")
-    except Exception:
-        for h in handles:
-            ray.kill(h)
-        raise
-    return handles
+    from actors.placement import start_or_kill
+
+    return start_or_kill(handles, {h.info.remote(): f"policy-engine-{i}" for i, h in enumerate(handles)},
+                         cfg.engine.start_timeout_s, "policy.engine.start_timeout_s")

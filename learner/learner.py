@@ -206,10 +206,17 @@ class Learner:
         t0 = time.perf_counter()
         c = self.cfg
         batch = build_batch(groups, c.scale_by_std, c.adv_eps, c.loss_agg, c.max_response_tokens)
+        metrics = self._batch_metrics(groups, batch, float(batch.advantages.degenerate), t0)
+        if metrics.get("skipped"):
+            return metrics
+        return self._update(batch.sequences, metrics, t0)
+
+    def _batch_metrics(self, groups: Sequence[Group], batch: Any, degenerate: float, t0: float) -> dict[str, float]:
+        """The step's batch facts (GRPO and PPO alike); a batch with no policy token is a skipped step."""
         rewards = batch.rewards
         metrics: dict[str, float] = {
             "groups": float(len(groups)),
-            "degenerate_groups": float(batch.advantages.degenerate),
+            "degenerate_groups": degenerate,
             "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "samples": float(batch.num_samples),
             "sequences": float(len(batch.sequences)),
@@ -217,8 +224,7 @@ class Learner:
         }
         if not batch.sequences or metrics["policy_tokens"] == 0:
             metrics.update(skipped=1.0, version=float(self.version.version), seconds=time.perf_counter() - t0)
-            return metrics
-        return self._update(batch.sequences, metrics, t0)
+        return metrics
 
     def _ppo_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One PPO step: critic values before the step, turn-level GAE, then the shared update loop with
@@ -235,17 +241,8 @@ class Learner:
         critic = self.critic
         assert critic is not None
         batch = build_ppo_batch(groups, c.loss_agg, c.max_response_tokens)
-        rewards = batch.rewards
-        metrics: dict[str, float] = {
-            "groups": float(len(groups)),
-            "degenerate_groups": 0.0,  # PPO drops nothing: the critic is the baseline
-            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "samples": float(batch.num_samples),
-            "sequences": float(len(batch.sequences)),
-            "policy_tokens": float(sum(s.num_policy_tokens for s in batch.sequences)),
-        }
-        if not batch.sequences or metrics["policy_tokens"] == 0:
-            metrics.update(skipped=1.0, version=float(self.version.version), seconds=time.perf_counter() - t0)
+        metrics = self._batch_metrics(groups, batch, 0.0, t0)  # PPO drops nothing: the critic is the baseline
+        if metrics.get("skipped"):
             return metrics
         from learner.critic import assign_targets
 
