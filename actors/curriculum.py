@@ -28,6 +28,8 @@ from dreamgym.types import Group, Task
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from actors.files import ShippedFile
+
 
 class CurriculumActor:
     """The actor class (``ray.remote`` is applied by ``create_curriculum_actor``)."""
@@ -39,7 +41,7 @@ class CurriculumActor:
         generator_factory: Callable[[], TextGenerator] | None = None,
         use_env: bool = True,
         state: dict[str, Any] | None = None,
-        offline_data: str | None = None,
+        offline_data: ShippedFile | str | None = None,
     ) -> None:
         self.cfg = DreamGymConfig.model_validate(cfg)
         self.env = make_env(self.cfg.env) if use_env else None
@@ -47,9 +49,14 @@ class CurriculumActor:
             generator = generator_factory()
         facts = None
         if self.env is None and offline_data is not None:
+            from actors.files import ShippedFile, local_copy
             from dreamgym.data.task_facts import OfflineTaskFacts
 
-            facts = OfflineTaskFacts.from_parquet(offline_data, env=self.cfg.env.name)
+            if isinstance(offline_data, ShippedFile):
+                with local_copy(offline_data) as path:
+                    facts = OfflineTaskFacts.from_parquet(path, env=self.cfg.env.name)
+            else:
+                facts = OfflineTaskFacts.from_parquet(offline_data, env=self.cfg.env.name)
         self.curriculum = build_curriculum(self.cfg, env=self.env, generator=generator, facts=facts)
         if state is not None:
             self.curriculum.load_state_dict(state)
@@ -113,11 +120,12 @@ def create_curriculum_actor(
     num_cpus: float = 0.25,
     name: str | None = None,
     runtime_env: dict[str, Any] | None = None,
-    offline_data: str | None = None,
+    offline_data: ShippedFile | str | None = None,
 ) -> ActorHandle:
     """Start a ``CurriculumActor`` for ``cfg`` (a fraction of a CPU: it mostly waits). A generator
     that owns an engine needs its environment variables in ``runtime_env`` (``engine_env``). With
-    ``use_env=False`` the seed tasks come from ``offline_data`` (or the task file)."""
+    ``use_env=False`` the seed tasks come from ``offline_data`` (or the task file): a ``ShippedFile`` (read on the
+    actor's own node; ``dreamgym train``) or a path the actor's node can read."""
     opts: dict[str, Any] = {"num_cpus": num_cpus}
     if name:
         opts["name"] = name

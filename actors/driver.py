@@ -28,6 +28,7 @@ from actors.train_setup import (
     STATUS_INTERVAL_S,
     Actors,
     check_resources,
+    check_run_dir,
     experience_sft,
     gold_for_warm_start,
     offline_data,
@@ -36,7 +37,8 @@ from actors.train_setup import (
     warm_start,
 )
 from dreamgym.config import DreamGymConfig, load_config, save_config
-from dreamgym.errors import ConfigError
+from dreamgym.errors import ConfigError, DreamGymError, TrainingFaultError
+from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
 from dreamgym.progress import MetricSinks, Progress
 from dreamgym.rollout import (
     RolloutStats,
@@ -61,14 +63,36 @@ from dreamgym.types import Group, Task, Trajectory
 
 
 @dataclass
+class RolloutCall:
+    """One worker's share of a phase's episodes, kept so that it can run again if the worker dies."""
+
+    worker: int
+    tasks: list[Task]
+    phase: str
+    temperature: float | None
+    seed: int
+    ref: ray.ObjectRef
+    attempts: int = 1
+
+
+@dataclass
+class Collected:
+    """A phase's finished episodes, its merged stats, and the tasks whose episodes were lost with a worker."""
+
+    trajectories: list[Trajectory]
+    stats: dict[str, Any]
+    lost_tasks: set[str]
+
+
+@dataclass
 class Launched:
-    """An iteration whose rollouts are running: its tasks, phase and the workers' result refs."""
+    """An iteration whose rollouts are running: its tasks, phase and the workers' calls."""
 
     iteration: int
     """0-based index of the iteration."""
     phase: TrainingPhase
     tasks: list[Task]
-    refs: list[ray.ObjectRef]
+    calls: list[RolloutCall]
     started: float
     """``time.perf_counter()`` at launch (the rollout phase runs from here to its collection)."""
     skipped_llm_tasks: int = 0
@@ -103,6 +127,7 @@ class Run:
         self.a = Actors()
         self.t_session = time.time()
         self.eval_tasks: list[Task] = [Task.from_dict(d) for d in state.eval_tasks]
+        self.guard = SimulatorGuard(cfg.train.guard)
 
     # -- helpers ---------------------------------------------------------------------------------------
     def say(self, text: str, phase: str = "setup") -> None:
@@ -114,26 +139,126 @@ class Run:
             self.sinks.log(step, {k: v for k, v in data.items() if k != "iteration"}, prefix=f"{event}/")
 
     def rollouts(self, tasks: Sequence[Task], phase: str, temperature: float | None = None,
-                 seed: int = 0) -> list[ray.ObjectRef]:
-        """Launch one episode per task, split evenly over the workers; returns the refs."""
+                 seed: int = 0) -> list[RolloutCall]:
+        """Launch one episode per task, split evenly over the workers."""
         w = self.a.workers
         chunks = [list(tasks[i::len(w)]) for i in range(len(w))]
-        return [wk.run.remote(c, phase, temperature, seed) for wk, c in zip(w, chunks, strict=True) if c]
+        return [RolloutCall(i, c, phase, temperature, seed, w[i].run.remote(c, phase, temperature, seed))
+                for i, c in enumerate(chunks) if c]
 
-    def collect(self, refs: Sequence[ray.ObjectRef], iteration: int | str,
-                phase: str) -> tuple[list[Trajectory], dict[str, Any]]:
+    def _live_progress(self, phase: str) -> list[dict[str, Any]]:
+        """Progress of the workers that answer within a few seconds (a dead or restarting one does not)."""
+        refs = [w.progress.remote() for w in self.a.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        out = []
+        for r in ready:
+            try:
+                out.append(ray.get(r))
+            except ray.exceptions.RayActorError:
+                continue
+        return [p for p in out if p["phase"] == phase]
+
+    def collect(self, calls: Sequence[RolloutCall], iteration: int | str, phase: str) -> Collected:
         """Wait for the workers' episodes, with a status line every ``STATUS_INTERVAL_S`` (a synthetic
-        iteration on CPU takes minutes)."""
+        iteration on CPU takes minutes).
+
+        A worker that dies (killed, out of memory, node lost) is restarted by Ray (``train.rollout.max_restarts``)
+        and its share runs again on it, up to ``train.rollout.retries`` times; past that the share is dropped
+        whole, and its tasks are returned in ``lost_tasks`` so that no partial GRPO group reaches the learner.
+        """
         t0 = time.perf_counter()
-        while len(ray.wait(list(refs), num_returns=len(refs), timeout=STATUS_INTERVAL_S)[0]) < len(refs):
-            live = [p for p in ray.get([w.progress.remote() for w in self.a.workers]) if p["phase"] == phase]
-            done, total = sum(p["episodes"] for p in live), sum(p["tasks"] for p in live)
-            steps = sum(p["steps"] for p in live)
-            self.progress.line(iteration, phase, f"running: {done}/{total} episodes, {steps} steps "
-                                                 f"({time.perf_counter() - t0:.0f} s)")
-        results = ray.get(list(refs))
+        pending, results, lost = list(calls), [], set()
+        while pending:
+            ready, _ = ray.wait([c.ref for c in pending], num_returns=len(pending), timeout=STATUS_INTERVAL_S)
+            done = {r.hex() for r in ready}
+            for c in [c for c in pending if c.ref.hex() in done]:
+                pending.remove(c)
+                try:
+                    results.append(ray.get(c.ref))
+                except ray.exceptions.RayTaskError as e:
+                    if isinstance(e.cause, DreamGymError):  # the user's to fix: its message, not a remote traceback
+                        raise e.cause from None
+                    if isinstance(e.cause, ray.exceptions.RayActorError):  # an actor the worker called died
+                        raise self.fault(f"rollout worker {c.worker} lost an actor it was calling (a policy engine "
+                                         f"or an experience-model replica) during {c.phase} episodes: "
+                                         f"{type(e.cause).__name__}") from None
+                    raise
+                except ray.exceptions.RayActorError as e:
+                    again = self.lost_worker(c, iteration, e)
+                    if again is not None:
+                        pending.append(again)
+                    else:
+                        lost.update(t.task_id for t in c.tasks)
+            if pending:
+                live = self._live_progress(phase)
+                n, total = sum(p["episodes"] for p in live), sum(p["tasks"] for p in live)
+                steps = sum(p["steps"] for p in live)
+                self.progress.line(iteration, phase, f"running: {n}/{total} episodes, {steps} steps "
+                                                     f"({time.perf_counter() - t0:.0f} s)")
         trajs = [t for tr, _ in results for t in tr]
-        return trajs, _merge_stats([s for _, s in results])
+        if lost:
+            trajs = [t for t in trajs if t.task.task_id not in lost]
+        stats = _merge_stats([s for _, s in results])
+        stats["lost_tasks"] = len(lost)
+        return Collected(trajs, stats, lost)
+
+    def fault(self, what: str) -> TrainingFaultError:
+        """A stop that names what failed and how to go on from the last checkpoint."""
+        last = latest_run_checkpoint(self.run_dir)
+        where = (f"resume from {last.name} with `dreamgym train --resume {self.run_dir}`" if last is not None
+                 else f"no checkpoint was written yet: start again (`dreamgym train --resume {self.run_dir}` "
+                 "starts over in place)")
+        self.record("fault", self.state.iteration, what=what)
+        return TrainingFaultError(f"training stopped at iteration {self.state.iteration + 1}: {what}; {where}")
+
+    def remote(self, ref: ray.ObjectRef, what: str) -> Any:
+        """``ray.get`` of the learner's work; an actor that died there (learner, engine) stops the run by name."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise self.fault(f"{what} failed: the learner actor died ({type(e).__name__})") from None
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, DreamGymError):
+                raise e.cause from None
+            if isinstance(e.cause, ray.exceptions.RayActorError):
+                raise self.fault(f"{what} failed: an actor it called died ({type(e.cause).__name__})") from None
+            raise  # a bug, not a fault: its traceback is what a maintainer needs
+
+    def wait_restarted(self, index: int) -> None:
+        """Until Ray has restarted worker ``index`` (a call to a restarting actor fails), within
+        ``train.rollout.restart_timeout_s``."""
+        bound = self.cfg.train.rollout.restart_timeout_s
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                ray.get(self.a.workers[index].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                pass
+            except ray.exceptions.RayActorError:
+                raise self.fault(f"rollout worker {index} died and Ray did not restart it (train.rollout.max_restarts "
+                                 f"{self.cfg.train.rollout.max_restarts} spent)") from None
+            if time.monotonic() > deadline:
+                raise self.fault(f"rollout worker {index} died and was not back within {bound:.0f} s "
+                                 "(train.rollout.restart_timeout_s)")
+            time.sleep(1.0)
+
+    def lost_worker(self, call: RolloutCall, iteration: int | str, error: Exception) -> RolloutCall | None:
+        """Run a dead worker's share again on its restarted actor, or give it up (``None``)."""
+        retries = self.cfg.train.rollout.retries
+        again = call.attempts <= retries
+        self.record("rollout_worker_lost", self.state.iteration, worker=call.worker, phase=call.phase,
+                    episodes=len(call.tasks), attempt=call.attempts, rerun=again, error=type(error).__name__)
+        what = (f"running its {len(call.tasks)} episodes again (attempt {call.attempts + 1} of {retries + 1})"
+                if again else f"dropping its {len(call.tasks)} episodes and every other episode of their tasks")
+        self.progress.line(iteration, call.phase, f"rollout worker {call.worker} died "
+                                                  f"({type(error).__name__}): {what}")
+        if not again:
+            return None
+        w = self.a.workers[call.worker]
+        self.wait_restarted(call.worker)
+        ref = w.run.remote(call.tasks, call.phase, call.temperature, call.seed)
+        return RolloutCall(call.worker, call.tasks, call.phase, call.temperature, call.seed, ref, call.attempts + 1)
 
     # -- evaluation ------------------------------------------------------------------------------------
     def evaluate(self, label: str) -> None:
@@ -144,12 +269,12 @@ class Run:
         tasks = repeat_tasks(self.eval_tasks, t.eval.episodes_per_task)
         t0 = time.perf_counter()
         if self.state.baseline is None:
-            refs = self.rollouts(tasks, "random", seed=self.cfg.run.seed)
-            _, base = self.collect(refs, self.state.iteration, "random")
+            base = self.collect(self.rollouts(tasks, "random", seed=self.cfg.run.seed), self.state.iteration,
+                                "random").stats
             self.state.baseline = {k: base[k] for k in ("success_rate", "mean_reward", "episodes", "steps")}
             self.state.eval_transitions += int(base["steps"])
-        _, s = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
-                            self.state.iteration, "eval")
+        s = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
+                         self.state.iteration, "eval").stats
         self.state.eval_transitions += int(s["steps"])
         seconds = time.perf_counter() - t0
         self.state.add_phase("eval", seconds, int(s["episodes"]), int(s["steps"]))
@@ -186,8 +311,8 @@ class Run:
         """``tasks = curriculum.select()`` and their rollouts, ``n`` episodes per task (one GRPO group each)."""
         phase = self.schedule.phase(iteration)
         tasks, skipped = self.schedule.trainable_tasks(ray.get(self.a.curriculum.select.remote()), phase)
-        refs = self.rollouts(repeat_tasks(tasks, self.cfg.learner.group_size), phase, seed=iteration)
-        return Launched(iteration, phase, tasks, refs, time.perf_counter(), skipped)
+        calls = self.rollouts(repeat_tasks(tasks, self.cfg.learner.group_size), phase, seed=iteration)
+        return Launched(iteration, phase, tasks, calls, time.perf_counter(), skipped)
 
     def iterate(self, launched: Launched) -> Launched | None:
         """Finish iteration ``t`` (the paper's Algorithm 1, one GRPO step) and return iteration ``t+1``, launched::
@@ -202,17 +327,20 @@ class Run:
         """
         st, log = self.state, IterationLog(self.state)
         trajs, groups, fresh = self.collect_groups(launched, log)
+        if launched.phase == "synthetic":
+            self.guard_simulator(log)
         nxt = self.launch(launched.iteration + 1) if self.overlaps_next(launched.iteration + 1) else None
         with log.timed("replay"):
             added = self.a.replay.add([tr for t in trajs if is_valid(t) for tr in t.transitions],
                                       iteration=launched.iteration)
         with log.timed("learner"):
-            lm = ray.get(self.a.learner.step.remote(fresh))
+            lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
         sync: dict[str, Any] = {}
         if not lm.get("skipped"):
             st.learner_steps += 1
             with log.timed("sync"):
-                sync = ray.get(self.a.learner.sync.remote(self.a.engines))
+                sync = self.remote(self.a.learner.sync.remote(self.a.engines), f"the weight sync of "
+                                   f"v{int(lm['version'])} to {len(self.a.engines)} policy engine(s)")
         cm = ray.get(self.a.curriculum.step.remote(groups))
         st.iteration = launched.iteration + 1
         log.note(learner=lm, sync=sync, replay=added.to_dict(),
@@ -221,6 +349,19 @@ class Run:
         if nxt is None and self.can_launch(st.iteration):
             nxt = self.launch(st.iteration)
         return nxt
+
+    def guard_simulator(self, log: IterationLog) -> None:
+        """Stop the run, before the learner sees this iteration's groups, when the simulator went bad
+        (``dreamgym.guard``): the last checkpoint stays the run's latest, and the message says what was seen."""
+        verdict = self.guard.observe(log.fields["rollout"])
+        log.note(guard=verdict.to_dict())
+        if not verdict.tripped:
+            return
+        self.record("guard", self.state.iteration, **verdict.to_dict())
+        self.progress.line(self.state.iteration + 1, "guard", "; ".join(verdict.reasons))
+        if latest_run_checkpoint(self.run_dir) is None:
+            self.checkpoint()
+        raise SimulatorCollapsedError(verdict.message())
 
     def overlaps_next(self, iteration: int) -> bool:
         """Bounded staleness: with ``train.max_staleness >= 1`` the rollouts of ``t+1`` sample while the
@@ -231,7 +372,8 @@ class Run:
                                                                             list[Group]]:
         """The iteration's trajectories, its GRPO groups, and the groups fresh enough to learn from."""
         st, phase = self.state, launched.phase
-        trajs, s = self.collect(launched.refs, launched.iteration + 1, phase)
+        got = self.collect(launched.calls, launched.iteration + 1, phase)
+        trajs, s = got.trajectories, got.stats
         log.add(phase, time.perf_counter() - launched.started, int(s["episodes"]), int(s["steps"]))
         if phase == "real":
             st.real_transitions += int(s["steps"])
@@ -274,6 +416,7 @@ class Run:
         self.sinks = MetricSinks(self.run_dir, cfg.train.report.tensorboard, cfg.model_dump(mode="json"),
                                  resume=self.resumed_from is not None)
         check_resources(cfg)  # before any work: a run that cannot place its actors fails now
+        check_run_dir(cfg, self.run_dir, self.say)  # and one whose run directory some node cannot see
         t0 = time.perf_counter()
         offline = offline_data(cfg, self.run_dir, self.say)
         if not st.offline_transitions and offline is not None:
@@ -391,4 +534,4 @@ def run_train(cfg: DreamGymConfig | None = None, resume: str | Path | None = Non
     return summary
 
 
-__all__ = ["Launched", "Run", "run_train"]
+__all__ = ["Collected", "Launched", "RolloutCall", "Run", "run_train"]

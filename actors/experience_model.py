@@ -41,23 +41,33 @@ class ExperienceModelReplica:
         self.index = index
         self.engine = AsyncEngine(opts)
         self.start_seconds = 0.0
+        self.started = False
+        self._start_lock: Any = None
 
     async def start(self) -> dict[str, Any]:
-        """Build the engine (inside the actor's event loop); returns ``info()``."""
+        """Build the engine (inside the actor's event loop); returns ``info()``. Also the first request's job
+        after Ray restarts a replica that died (``__init__`` runs again, ``start`` is not called)."""
+        import asyncio
         from dataclasses import replace
 
         from dreamgym.models import is_hub_id, resolve_model
 
-        t0 = time.perf_counter()
-        if is_hub_id(self.opts.model):  # through this node's HF cache (downloaded unless HF_HUB_OFFLINE=1)
-            self.opts = replace(self.opts, model=str(resolve_model(self.opts.model)))
-            self.engine = AsyncEngine(self.opts)
-        self.engine.start()
-        self.start_seconds = time.perf_counter() - t0
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self.started:
+                t0 = time.perf_counter()
+                if is_hub_id(self.opts.model):  # through this node's HF cache (downloaded unless HF_HUB_OFFLINE=1)
+                    self.opts = replace(self.opts, model=str(resolve_model(self.opts.model)))
+                    self.engine = AsyncEngine(self.opts)
+                self.engine.start()
+                self.started = True
+                self.start_seconds = time.perf_counter() - t0
         return await self.info()
 
     async def info(self) -> dict[str, Any]:
-        return {"index": self.index, "pid": os.getpid(), "model": self.opts.model, "served": self.engine.served,
+        return {"index": self.index, "pid": os.getpid(), "model": self.opts.model, "started": self.started,
+                "served": self.engine.served,
                 "inflight": self.engine.inflight, "start_seconds": round(self.start_seconds, 2),
                 "node": ray.get_runtime_context().get_node_id()}
 
@@ -66,14 +76,20 @@ class ExperienceModelReplica:
         return self.engine.inflight
 
     async def generate(self, requests: list[CompletionRequest]) -> list[Completion]:
+        if not self.started:
+            await self.start()
         return await self.engine.generate_batch(requests)
 
     async def generate_ids(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         import asyncio
 
+        if not self.started:
+            await self.start()
         return list(await asyncio.gather(*(self.engine.generate_ids(p, sampling) for p in prompts)))
 
     async def render(self, messages: list[dict[str, str]]) -> list[int]:
+        if not self.started:
+            await self.start()
         return self.engine.render(messages)
 
     async def shutdown(self) -> None:
@@ -104,11 +120,13 @@ def start_replicas(
         opts = engine_options(cfg.model_copy(update={"replicas": n}), path, i)
         env = engine_env(opts)
         options: dict[str, Any] = {"num_cpus": cfg.engine.num_cpus, "num_gpus": cfg.engine.gpus(),
-                                   "max_concurrency": 1000}
+                                   "max_concurrency": 1000, "max_restarts": cfg.max_restarts}
         if placements is not None:
             placed, extra_env = placements[i]
             options.update(placed)
             env.update(extra_env)
+        if cfg.engine.resources and "scheduling_strategy" not in options:  # custom resources: outside a group only
+            options["resources"] = dict(cfg.engine.resources)
         options["runtime_env"] = {"env_vars": env}
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
@@ -129,10 +147,15 @@ def _driver_side_path(model: str) -> str:
 class ReplicaRouter:
     """Least-loaded routing over live replicas (thread-safe; picklable handles, local counters)."""
 
-    def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0) -> None:
+    def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0,
+                 revive_timeout_s: float = 300.0) -> None:
         if not replicas:
             raise ValueError("ReplicaRouter needs at least one replica")
         self.replicas = list(replicas)
+        self.revive_timeout_s = revive_timeout_s
+        self.revived = 0
+        """Replicas seen dead and then back (restarted by Ray, engine loaded)."""
+        self._probes: dict[int, ray.ObjectRef] = {}
         self.alive = [True] * len(self.replicas)
         self.inflight = [0] * len(self.replicas)
         self.remote_load = [0] * len(self.replicas)
@@ -146,7 +169,8 @@ class ReplicaRouter:
         return [i for i, a in enumerate(self.alive) if a]
 
     def refresh(self, force: bool = False) -> None:
-        """Re-read each live replica's load; a replica that errors is marked dead."""
+        """Re-read every replica's load: one that errors is marked dead, a dead one that answers again
+        (restarted by Ray) is live again."""
         now = time.monotonic()
         if not force and now - self._last_refresh < self.refresh_s:
             return
@@ -160,9 +184,42 @@ class ReplicaRouter:
                 self.remote_load[i] = int(ray.get(ref))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self.alive[i] = False
+        self._probe_dead()
+
+    def _probe_dead(self) -> None:
+        """A dead replica gets one ``start`` call in flight (Ray queues it while the actor restarts; the restarted
+        actor loads its engine); it is live again once that call returns. Never waits."""
+        for i in [i for i, a in enumerate(self.alive) if not a]:
+            probe = self._probes.get(i)
+            if probe is None:
+                self._probes[i] = self.replicas[i].start.remote()
+                continue
+            if not ray.wait([probe], timeout=0)[0]:
+                continue
+            del self._probes[i]
+            try:
+                ray.get(probe)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                continue  # still down (or given up by Ray): a new probe next time
+            self.alive[i] = True
+            self.revived += 1
+
+    def _wait_for_a_live_replica(self) -> None:
+        """With every replica down, wait (``revive_timeout_s``) for Ray to restart one."""
+        deadline = time.monotonic() + self.revive_timeout_s
+        while not self.live():
+            if time.monotonic() > deadline:
+                raise ExperienceBackendError(
+                    f"every experience-model replica ({len(self.replicas)}) is down and none came back within "
+                    f"{self.revive_timeout_s:.0f} s (experience_model.revive_timeout_s; Ray restarts each up to "
+                    "experience_model.max_restarts times): see the replicas' logs for why they died")
+            time.sleep(min(2.0, self.refresh_s or 2.0))
+            self.refresh(force=True)
 
     def assign(self, n: int) -> list[int]:
         """Replica index for each of ``n`` requests, least loaded first (counting this assignment)."""
+        if not self.live():
+            self._wait_for_a_live_replica()
         with self._lock:
             idx = self.live()
             if not idx:
@@ -196,6 +253,10 @@ class ReplicaRouter:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self.alive[i] = False
                 lost += groups[i]
+            except ray.exceptions.GetTimeoutError:
+                raise ExperienceBackendError(
+                    f"experience-model replica {i} did not answer {len(groups[i])} request(s) within "
+                    f"{self.timeout_s:.0f} s (experience_model.request_timeout_s)") from None
             finally:
                 with self._lock:
                     self.inflight[i] -= len(groups[i])
@@ -205,7 +266,8 @@ class ReplicaRouter:
         return [c for c in out if c is not None]
 
     def stats(self) -> dict[str, Any]:
-        return {"replicas": len(self.replicas), "alive": sum(self.alive), "sent": list(self.sent),
+        return {"replicas": len(self.replicas), "alive": sum(self.alive), "revived": self.revived,
+                "sent": list(self.sent),
                 "remote_load": list(self.remote_load)}
 
 
@@ -213,8 +275,8 @@ class RayExperienceClient(ExperienceClient):
     """The ``ExperienceClient`` over replicas; ``owns`` replicas are killed on ``close``."""
 
     def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0,
-                 owns: bool = False) -> None:
-        self.router = ReplicaRouter(replicas, refresh_s, timeout_s)
+                 owns: bool = False, revive_timeout_s: float = 300.0) -> None:
+        self.router = ReplicaRouter(replicas, refresh_s, timeout_s, revive_timeout_s)
         self.owns = owns
 
     def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
@@ -234,4 +296,5 @@ def connect_experience_model(cfg: ExperienceModelConfig, model_path: str | None 
 
         return open_client(cfg, model_path)
     replicas = start_replicas(cfg, model_path)
-    return RayExperienceClient(replicas, cfg.router_refresh_s, cfg.request_timeout_s, owns=True)
+    return RayExperienceClient(replicas, cfg.router_refresh_s, cfg.request_timeout_s, owns=True,
+                               revive_timeout_s=cfg.revive_timeout_s)

@@ -8,6 +8,10 @@ writes its own state beside them.
 
 Placement: ``learner.num_cpus`` / ``learner.num_gpus`` and, with ``train.colocate``, a bundle
 of the placement group the policy engines share (same node).
+
+With ``learner.data_parallel`` = N > 1 the actor is one rank of N (``actors.learner_group`` starts them):
+it builds its ``Learner`` only in ``join``, once the ``torch.distributed`` group has formed; rank 0 alone
+syncs the engines, prunes checkpoints and tokenises gold episodes.
 """
 
 from __future__ import annotations
@@ -25,31 +29,62 @@ from dreamgym.types import Group, Trajectory
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from learner.learner import Learner
+
 
 class LearnerActor:
     """The actor class (``create_learner`` applies ``ray.remote`` with the configured resources)."""
 
-    def __init__(self, cfg: dict[str, Any], checkpoint: str | None = None) -> None:
+    def __init__(self, cfg: dict[str, Any], checkpoint: str | None = None, rank: int = 0,
+                 world_size: int = 1) -> None:
         import torch
-
-        from learner.learner import Learner
 
         self.cfg = DreamGymConfig.model_validate(cfg)
         torch.set_num_threads(self.cfg.learner.threads)
-        if checkpoint:
-            self.learner = Learner.from_checkpoint(self.cfg.learner, checkpoint,
-                                                   temperature=self.cfg.policy.temperature)
-        else:
-            self.learner = Learner.from_config(self.cfg)
+        self.rank, self.world_size = rank, world_size
+        self._checkpoint = checkpoint
+        self.learner: Learner
+        if world_size == 1:
+            self._build()
         self._sync: Any = None
         self._bc: Any = None
 
+    def _build(self) -> None:
+        from learner.learner import Learner
+
+        if self._checkpoint:
+            self.learner = Learner.from_checkpoint(self.cfg.learner, self._checkpoint,
+                                                   temperature=self.cfg.policy.temperature)
+        else:
+            self.learner = Learner.from_config(self.cfg)
+
+    # -- the data-parallel group ---------------------------------------------------------------------
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: ``(node IP, free port)`` where the group's store will listen."""
+        from actors.weight_sync import learner_rendezvous
+
+        return learner_rendezvous()
+
+    def join(self, address: str, port: int) -> dict[str, Any]:
+        """Join the group at ``address:port`` (bounded by ``learner.dist_timeout_s``), then build the learner."""
+        from learner.data_parallel import backend_for, init_group
+        from learner.learner import pick_device
+
+        c = self.cfg.learner
+        init_group(address, port, self.rank, self.world_size, backend_for(pick_device(c.device)), c.dist_timeout_s)
+        self._build()
+        return self.info()
+
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "version": self.learner.version.version, "device": self.learner.device,
-                "model_path": str(self.learner.model_path)}
+                "model_path": str(self.learner.model_path), "rank": self.rank, "world_size": self.world_size}
 
     def version(self) -> int:
         return self.learner.version.version
+
+    def parameters(self) -> dict[str, Any]:
+        """This rank's trainable parameters on the CPU (tests and debugging compare replicas with them)."""
+        return {n: p.detach().cpu().clone() for n, p in self.learner.model.named_parameters() if p.requires_grad}
 
     # -- training ----------------------------------------------------------------------------------
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
@@ -78,6 +113,11 @@ class LearnerActor:
         from dreamgym.types import WeightVersion
 
         self._bc = None
+        if self.world_size > 1:
+            from learner.data_parallel import broadcast_params
+
+            # Every rank cloned on the same batch; on a GPU that need not be bit-identical: rank 0's weights rule.
+            broadcast_params(self.learner.model)
         v = self.learner.version
         self.learner.version = WeightVersion(version=v.version + 1, step=v.step)
         return self.learner.version.version
@@ -96,8 +136,9 @@ class LearnerActor:
     def save_checkpoint(self, directory: str) -> str:
         from learner.checkpoint import prune_checkpoints
 
-        path = self.learner.save_checkpoint(directory)
-        prune_checkpoints(Path(directory).parent, self.cfg.learner.keep_checkpoints)
+        path = self.learner.save_checkpoint(directory)  # only rank 0 writes (full replicas: its state is all)
+        if self.rank == 0:
+            prune_checkpoints(Path(directory).parent, self.cfg.learner.keep_checkpoints)
         return str(path)
 
     def save_model(self, directory: str) -> str:
@@ -110,6 +151,14 @@ class LearnerActor:
 def create_learner(cfg: DreamGymConfig, checkpoint: str | Path | None = None,
                    placement: dict[str, Any] | None = None) -> ActorHandle:
     """Start the learner actor with ``learner.num_cpus`` / ``learner.num_gpus``; returns once it is built."""
+    handle = start_learner_actor(cfg, checkpoint, placement)
+    ray.get(handle.info.remote())
+    return handle
+
+
+def start_learner_actor(cfg: DreamGymConfig, checkpoint: str | Path | None = None,
+                        placement: dict[str, Any] | None = None, rank: int = 0, world_size: int = 1) -> ActorHandle:
+    """Start one learner actor (rank ``rank`` of ``world_size``) without waiting for it."""
     t = cfg.learner
     from dreamgym.models import hub_env
 
@@ -119,7 +168,5 @@ def create_learner(cfg: DreamGymConfig, checkpoint: str | Path | None = None,
                             "runtime_env": {"env_vars": env_vars}, "max_concurrency": 1}
     if placement:
         opts.update(placement)
-    handle = ray.remote(LearnerActor).options(**opts).remote(cfg.model_dump(mode="json"),
-                                                            str(checkpoint) if checkpoint else None)
-    ray.get(handle.info.remote())
-    return handle
+    return ray.remote(LearnerActor).options(**opts).remote(cfg.model_dump(mode="json"),
+                                                          str(checkpoint) if checkpoint else None, rank, world_size)

@@ -170,6 +170,8 @@ def create_policy_engines(
             placed, extra_env = placements[i]
             options.update(placed)
             env_i.update(extra_env)
+        if cfg.engine.resources and "scheduling_strategy" not in options:  # custom resources: outside a group only
+            options["resources"] = dict(cfg.engine.resources)
         options["runtime_env"] = {"env_vars": env_i}
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"

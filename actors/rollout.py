@@ -8,9 +8,11 @@ in the environment of the phase's ``dreamgym.schedule.rollout_plan``; the policy
 ``act``, split across the engines.
 
 A ``SyntheticEnv`` needs each task's initial state ``s_0`` and the valid actions of the states it reaches:
-both come from the real data (``OfflineTaskFacts`` over the offline file). Only when training also uses the
-real environment (``real``, ``s2r``) does a task unknown to the data get its ``s_0`` from a *reset* of the
-real environment (no action is taken, so no real transition is spent); a ``synthetic`` run never opens one.
+both come from the real data (``OfflineTaskFacts`` over the offline file, which reaches the worker through
+the object store as an ``actors.files.ShippedFile``: nothing is read from the driver's node). Only when
+training also uses the real environment (``real``, ``s2r``) does a task unknown to the data get its ``s_0``
+from a *reset* of the real environment (no action is taken, so no real transition is spent); a ``synthetic``
+run never opens one.
 
 Phases: ``real`` (training in the real environment), ``synthetic`` (training in the experience model),
 ``eval`` (the policy on held-out real tasks, optionally at another temperature) and ``random`` (the
@@ -19,8 +21,9 @@ random-valid-action baseline on the same tasks).
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -35,6 +38,7 @@ from dreamgym.types import ActionSample, AgentTurn, Demonstration, Task, Traject
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from actors.files import ShippedFile
     from dreamgym.envs.base import Environment
 
 
@@ -66,7 +70,7 @@ class RolloutWorker:
         index: int = 0,
         replicas: list[ActorHandle] | None = None,
         replay: Any = None,
-        offline_data: str | None = None,
+        offline_data: ShippedFile | None = None,
     ) -> None:
         self.cfg = DreamGymConfig.model_validate(cfg)
         self.index = index
@@ -84,10 +88,11 @@ class RolloutWorker:
         self._reset_lock = threading.Lock()
         self.real_resets = 0
         self._experience: Any = None
-        self._live: dict[str, Any] = {"phase": None, "episodes": 0, "tasks": 0, "steps": 0}
+        self._live: dict[str, Any] = {"phase": None, "episodes": 0, "tasks": 0, "steps": 0, "running": False}
 
     def ready(self) -> dict[str, Any]:
-        return {"index": self.index, "engines": len(self.engines)}
+        return {"index": self.index, "engines": len(self.engines), "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id()}
 
     def envs(self, kind: str) -> list[Environment]:
         """This worker's ``train.rollout.envs_per_worker`` environments of ``kind``, made on first use."""
@@ -115,7 +120,8 @@ class RolloutWorker:
 
         em = self.cfg.experience_model
         if self.replicas:
-            client: Any = RayExperienceClient(self.replicas, em.router_refresh_s, em.request_timeout_s, owns=False)
+            client: Any = RayExperienceClient(self.replicas, em.router_refresh_s, em.request_timeout_s, owns=False,
+                                              revive_timeout_s=em.revive_timeout_s)
         elif em.backend == "http":
             from actors.experience_model import connect_experience_model
 
@@ -123,12 +129,14 @@ class RolloutWorker:
         else:
             raise RuntimeError("synthetic rollouts need experience-model replicas or experience_model.backend: http")
         self._experience = build_model(em, client, self.cfg.env.state_max_chars)
-        if self.offline_data:
+        if self.offline_data is not None:
+            from actors.files import local_copy
             from dreamgym.data.transitions import iter_transitions
 
-            for t in iter_transitions(self.offline_data):
-                if t.env == self.cfg.env.name:
-                    self.facts.add(t)
+            with local_copy(self.offline_data) as path:
+                for t in iter_transitions(path):
+                    if t.env == self.cfg.env.name:
+                        self.facts.add(t)
         retrieve = self._retrieve if self.replay is not None and em.top_k > 0 else None
         return [SyntheticEnv(self._experience, retrieve, self.cfg.env.name, top_k=em.top_k,
                              max_steps=self.cfg.env.max_steps, state_max_chars=self.cfg.env.state_max_chars,
@@ -165,10 +173,11 @@ class RolloutWorker:
             envs = self.envs(plan.env)
         act = random_valid_act(seed) if plan.policy == "random" else engines_act(self.engines, temperature)
         em_before = self._experience.stats.copy() if self._experience is not None else None
-        self._live = {"phase": phase, "episodes": 0, "tasks": len(tasks), "steps": 0}
+        self._live = {"phase": phase, "episodes": 0, "tasks": len(tasks), "steps": 0, "running": True}
 
         def on_step(s: RolloutStats) -> None:
-            self._live = {"phase": phase, "episodes": s.episodes, "tasks": len(tasks), "steps": s.steps}
+            self._live = {"phase": phase, "episodes": s.episodes, "tasks": len(tasks), "steps": s.steps,
+                          "running": True}
 
         source = "synthetic" if plan.env == "synthetic" else "real"
         trajs, stats = run_episodes(envs, tasks, act, source=source, threads=min(threads, len(envs)),
@@ -180,12 +189,13 @@ class RolloutWorker:
             out.update({f"em_{key}": n for key, n in spent.counts().items()})
             out.update({f"em_reason:{why}": n for why, n in spent.reasons.items()})
         out["real_resets"] = self.real_resets
+        self._live = {**self._live, "running": False}
         return trajs, out
 
     @ray.method(concurrency_group="progress")
     def progress(self) -> dict[str, Any]:
         """Episodes and steps of the ``run`` in flight (answered while it runs: its own concurrency group)."""
-        return dict(self._live)
+        return {**self._live, "pid": os.getpid()}
 
     def close(self) -> None:
         for envs in self._envs.values():
@@ -198,12 +208,25 @@ def create_rollout_workers(
     engines: list[ActorHandle],
     replicas: list[ActorHandle] | None = None,
     replay: Any = None,
-    offline_data: str | None = None,
+    offline_data: ShippedFile | None = None,
+    name_prefix: str | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> list[ActorHandle]:
-    """Start ``train.rollout.workers`` workers with ``train.rollout.num_cpus`` each; returns once all are up."""
+    """Start ``train.rollout.workers`` workers with ``train.rollout.num_cpus`` (and ``resources``) each; returns
+    once all are up, logging the nodes they run on to ``log``.
+
+    Ray restarts a worker that dies up to ``train.rollout.max_restarts`` times (the driver runs its share of
+    episodes again); ``name_prefix`` names them ``<prefix>-<i>`` (``ray list actors`` shows which run they serve).
+    """
+    r = cfg.train.rollout
     # ``progress`` answers in its own concurrency group while ``run`` holds the default one.
-    cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker).options(num_cpus=cfg.train.rollout.num_cpus)
-    workers = [cls.remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
-               for i in range(cfg.train.rollout.workers)]
-    ray.get([w.ready.remote() for w in workers])
+    cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker)
+    workers = [cls.options(num_cpus=r.num_cpus, max_restarts=r.max_restarts, resources=dict(r.resources) or None,
+                           name=f"{name_prefix}-{i}" if name_prefix else None)
+               .remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
+               for i in range(r.workers)]
+    ready = ray.get([w.ready.remote() for w in workers])
+    if log is not None:
+        nodes = sorted({x["node"] for x in ready})
+        log(f"{len(workers)} rollout worker(s) up on node(s) {', '.join(nodes)}")
     return workers

@@ -2,14 +2,18 @@
 
 Everything here runs before the first iteration (or again on ``--resume``, skipping what is done):
 
+0. on a joined cluster, a check that every node that may read or write the run directory sees it
+   (``check_run_dir``; ``actors.files``): the offline data reaches the actors through the object store,
+   checkpoints, the replay storage and the fine-tuned experience model stay in the run directory;
 1. offline real data: ``train.offline_data`` or a collection with ``collect.*`` into the run directory;
 2. the replay buffer (``ShardedReplayBuffer``, S shard actors over ``replay.path`` or ``<run>/replay``),
    seeded with the offline data once;
 3. the actors, each with the resources its config section names: policy engines (``policy.*``),
    experience-model replicas (``experience_model.*``, synthetic modes only), the learner
-   (``learner.num_cpus``/``num_gpus``), the curriculum (with text generation through the replicas) and the rollout
-   workers (``train.rollout.*``). ``train.colocate`` packs the learner and the engines in one placement
-   group. A cluster without the CPUs/GPUs all of them ask for fails here, naming the numbers.
+   (``learner.data_parallel`` ranks of ``learner.num_cpus``/``num_gpus``), the curriculum (with text
+   generation through the replicas) and the rollout workers (``train.rollout.*``). ``train.colocate`` packs
+   the learner and the engines in one placement group. A cluster without the CPUs/GPUs all of them ask for
+   fails here, naming the numbers.
 4. the warm start: behaviour cloning on the offline gold episodes (``learner.bc``).
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +34,7 @@ from typing import Any
 import ray
 
 from actors.cluster import close_actors
+from actors.files import check_shared_run_dir, ship_file
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError
 from dreamgym.placement import CURRICULUM_CPUS, PlacementPlan, plan_placement
@@ -46,11 +52,15 @@ class Actors:
     engines: list[Any] = field(default_factory=list)
     replicas: list[Any] = field(default_factory=list)
     learner: Any = None
+    """One learner actor's handle, or a ``LearnerGroup`` (``learner.data_parallel`` > 1) that answers like one."""
     curriculum: Any = None
     workers: list[Any] = field(default_factory=list)
     replay: Any = None
     placement_groups: dict[str, Any] = field(default_factory=dict)
     plan: PlacementPlan | None = None
+    offline: Any = None
+    """The offline data in the object store (``actors.files.ShippedFile``), held for the whole run: a worker that
+    Ray restarts reads it again."""
 
     def shutdown(self) -> None:
         if self.replay is not None:
@@ -58,7 +68,9 @@ class Actors:
                 self.replay.close()
         # Rollout workers and the curriculum hold environments (server-side ones for remote:*): close them first.
         close_actors([h for h in [*self.workers, self.curriculum] if h is not None])
-        for h in [self.learner, *self.replicas, *self.engines]:
+        from actors.learner_group import learner_handles
+
+        for h in [*learner_handles(self.learner), *self.replicas, *self.engines]:
             if h is not None:
                 ray.kill(h)
         if self.placement_groups:
@@ -90,6 +102,28 @@ def check_resources(cfg: DreamGymConfig, log: Callable[[str], None] = print,
 
     timeout = 0.0 if _ray_is_local(cfg) else cfg.ray.resources_timeout_s
     wait_for_resources(plan or plan_placement(cfg), timeout, log)
+
+
+def run_dir_roles(cfg: DreamGymConfig) -> dict[str, dict[str, float]]:
+    """The roles that read or write the run directory, each with its Ray resource demand: the learner
+    (checkpoints), the experience-model SFT task (the fine-tuned model) and the replicas that load it, and the
+    replay shards of an embedded buffer. Rollout workers and the curriculum read nothing there."""
+    le, em = cfg.learner, cfg.experience_model
+    roles = {"learner": {"CPU": le.num_cpus, "GPU": le.num_gpus}}
+    schedule = Schedule.from_config(cfg.train)
+    if cfg.train.experience_sft and schedule.uses_synthetic and em.backend == "ray":
+        roles["experience-model SFT"] = {"CPU": le.num_cpus, "GPU": le.num_gpus}
+        roles["experience-replica"] = {"CPU": em.engine.num_cpus, "GPU": em.engine.gpus(), **em.engine.resources}
+    if cfg.replay.backend != "server":
+        roles["replay-shard"] = {"CPU": cfg.replay.num_cpus}
+    return roles
+
+
+def check_run_dir(cfg: DreamGymConfig, run_dir: Path, log: Callable[[str], None] = print) -> None:
+    """On a joined cluster: refuse (``ConfigError``) unless every node that may host a role of ``run_dir_roles``
+    sees ``run_dir`` (``actors.files.check_shared_run_dir``). A Ray this run started is one node: nothing to do."""
+    if not _ray_is_local(cfg):
+        check_shared_run_dir(run_dir, run_dir_roles(cfg), log)
 
 
 # -- offline data and the replay buffer -----------------------------------------------------------
@@ -211,7 +245,7 @@ def _curriculum_generator(em: dict[str, Any], replicas: list[Any]) -> Any:
 def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, checkpoint: Path | None,
                  curriculum_state: dict[str, Any] | None, log: Callable[[str], None]) -> Actors:
     from actors.curriculum import create_curriculum_actor
-    from actors.learner_actor import create_learner
+    from actors.learner_group import create_learner_group
     from actors.placement import actor_options, create_groups
     from actors.policy_engine import create_policy_engines
     from actors.rollout import create_rollout_workers
@@ -227,7 +261,9 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         def placed(role: str) -> list[tuple[dict[str, Any], dict[str, str]]]:
             return [actor_options(x, a.placement_groups) for x in plan.role(role)]
 
-        learner_opts, _ = placed("learner")[0]
+        # One set of options per learner rank (``learner.data_parallel``); only the bundle matters to them.
+        learner_places = [{k: v for k, v in opts.items() if k == "scheduling_strategy"} or None
+                          for opts, _ in placed("learner")]
         engine_places = placed("policy-engine")
         # The engines, replicas, learner and replay shards load their models at the same time.
         ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
@@ -235,8 +271,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         f_engines = pool.submit(create_policy_engines, cfg.policy,
                                 weight_transfer_backend=engine_transfer_backend(cfg),
                                 placements=engine_places if plan.role("policy-engine")[0].group else None)
-        f_learner = pool.submit(create_learner, cfg, ckpt,
-                                {k: v for k, v in learner_opts.items() if k == "scheduling_strategy"} or None)
+        f_learner = pool.submit(create_learner_group, cfg, ckpt, learner_places)
         f_replicas = None
         if Schedule.from_config(cfg.train).uses_synthetic:
             from actors.experience_model import start_replicas
@@ -254,7 +289,9 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.resolved_dtype()})")
         if f_replicas is not None:
             a.replicas = f_replicas.result()
-            log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model})")
+            nodes = sorted({x["node"] for x in ray.get([r.info.remote() for r in a.replicas])})
+            log(f"{len(a.replicas)} experience-model replica(s) up ({cfg.experience_model.model}) on node(s) "
+                f"{', '.join(nodes)}")
         # The learner loads the policy model too: bounded like the engines (it has no timeout setting of its own).
         learner_timeout = max(cfg.policy.engine.start_timeout_s, cfg.experience_model.engine.start_timeout_s)
         try:
@@ -265,12 +302,13 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         factory = None
         if Schedule.from_config(cfg.train).uses_synthetic and cfg.curriculum.llm_variants > 0:
             factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
+        # The offline data reaches the curriculum and the workers through the object store (any node reads it).
+        a.offline = None if offline is None else ship_file(offline)
         a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
-                                               num_cpus=CURRICULUM_CPUS,
-                                               offline_data=None if offline is None else str(offline),
+                                               num_cpus=CURRICULUM_CPUS, offline_data=a.offline,
                                                use_env=Schedule.from_config(cfg.train).uses_real_training)
-        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay,
-                                           None if offline is None else str(offline))
+        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, a.offline,
+                                           name_prefix=f"rollout-{run_dir.name}-{os.getpid()}", log=log)
     except BaseException:
         # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.
         a.shutdown()

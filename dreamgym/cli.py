@@ -45,6 +45,7 @@ SHORTCUTS: dict[str, dict[str, str]] = {
               "--warm-start": "train.warm_start.method"},
     "sft": {"--env": "env.name", "--data": "train.offline_data", "--steps": "train.warm_start.steps",
             "--episodes": "train.warm_start.episodes", "--address": "ray.address"},
+    "study": {"--env": "env.name", "--iterations": "train.iterations", "--offline-data": "train.offline_data"},
 }
 
 
@@ -68,8 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve-env", help="serve a local environment over HTTP (AgentGym-style protocol)")
     _add_common(p, "serve-env")
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1: this machine only; for others set a token too)")
     p.add_argument("--port", type=int, default=36001, help="port to bind (default 36001)")
+    p.add_argument("--token", default=None,
+                   help="require 'Authorization: Bearer TOKEN' on every request (default: DREAMGYM_SERVE_ENV_TOKEN "
+                        "or serve_env_token in the secrets file; the env var keeps it out of `ps`)")
 
     p = sub.add_parser("envs", help="list environment families and their names")
 
@@ -116,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, "sft")
     p.add_argument("--out", default=None, metavar="DIR", help="output HF folder (default: model/ in the run directory)")
 
+    p = sub.add_parser("study", help="the paper's Table 1 on one environment: base, real GRPO, DreamGym, DreamGym-S2R "
+                                      "and ablations over training seeds; writes a table, a plot and JSON")
+    _add_common(p, "study")
+    p.add_argument("--arm", action="append", default=None, metavar="NAME",
+                   help="run only this arm (repeatable): base, real, dreamgym, dreamgym-s2r, no-retrieval, "
+                        "no-reasoning, no-task-generation (default: study.arms)")
+    p.add_argument("--resume", default=None, metavar="STUDY_DIR",
+                   help="continue a study: finished arm-seeds (summary.json) are skipped, unfinished ones continue "
+                        "from their last checkpoint (its study.yaml; overrides such as --study.seeds 3 still apply)")
+    p.add_argument("--report", default=None, metavar="STUDY_DIR",
+                   help="only rebuild the table, plot and JSON of a study from its finished arm-seeds")
+
     p = sub.add_parser("inspect-data", help="check a transitions Parquet file against the schema and summarise it")
     p.add_argument("path", help="Parquet file")
 
@@ -129,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: subcommand -> its body in ``dreamgym.commands`` (``module:function``), imported only when it runs
 COMMANDS: dict[str, str] = {
     "train": "dreamgym.commands.train:cmd_train",
+    "study": "dreamgym.commands.study:cmd_study",
     "sft": "dreamgym.commands.train:cmd_sft",
     "collect": "dreamgym.commands.data:cmd_collect",
     "seed-replay": "dreamgym.commands.data:cmd_seed_replay",

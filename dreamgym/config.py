@@ -13,12 +13,25 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dreamgym.errors import ConfigError
+from dreamgym.secrets import SECRETS, as_secret, publish
+
+#: An API key or token: dumps show '**********' (set) or null, never the value (``dreamgym.secrets``).
+SecretField = Annotated[SecretStr | None, BeforeValidator(as_secret)]
 
 
 class Section(BaseModel):
@@ -34,6 +47,9 @@ class RunConfig(Section):
     """Parent folder of run directories."""
     seed: int = 0
     """Global seed for task sampling, scripted policies and training."""
+    secrets_file: Path | None = None
+    """A YAML file of API keys and tokens (``qdrant_api_key: ...``; see ``docs/reliability.md``), read where a
+    key is used; ``DREAMGYM_SECRETS_FILE`` does the same. Keys never appear in saved configs or logs."""
 
 
 class RayConfig(Section):
@@ -79,6 +95,9 @@ class EnvConfig(Section):
     """Base URL of an environment server, for ``remote:<name>`` (e.g. ``http://127.0.0.1:36001``)."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Timeout of one request to an environment server."""
+    token: SecretField = None
+    """Bearer token sent to the environment server (``dreamgym serve-env --token``). Secret: also
+    ``DREAMGYM_ENV_TOKEN`` or ``env_token`` in the secrets file."""
 
     @field_validator("name")
     @classmethod
@@ -147,6 +166,10 @@ class EngineConfig(Section):
     start_timeout_s: float = Field(default=900.0, gt=0.0)
     """An engine (or replica) that is not up this many seconds after its placement is ready fails the run's
     setup, naming the engine (model download and load, CUDA graph capture count here)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each engine actor asks for (e.g. ``{"rollout_node": 1}`` to pin it to nodes started
+    with ``ray start --resources '{"rollout_node": 8}'``). Only for an engine outside a placement group (a CPU
+    engine; a CUDA engine's bundles take CPUs and GPUs only)."""
 
     @model_validator(mode="after")
     def _parallel(self) -> EngineConfig:
@@ -200,8 +223,21 @@ class PolicyConfig(Section):
     """Nucleus sampling mass (1.0 samples from the full distribution, which GRPO's ratio assumes)."""
     reasoning: bool = False
     """Ask the policy to think inside ``<think>...</think>`` before the ``<action>`` tag."""
+    prompt_style: Literal["chat", "windowed"] = "windowed"
+    """``chat``: one multi-turn conversation per episode: the system text and the worked example come once, each
+    later step appends the reply and a short user turn (the task's line, the observation and the admissible
+    actions) to the previous prompt's token ids, so the learner reads every token once (one sequence per
+    episode). When the conversation would pass ``engine.max_model_len`` a fresh prompt starts
+    (``chat_restart_steps``).
+    ``windowed``: a fresh prompt per step with the last ``history_steps`` steps (the learner re-reads it all).
+    The default: on 32 held-out coin episodes (SmolLM2-135M, temperature 0.7) ``chat`` read 1.77x fewer learner
+    tokens per action but solved 41% against ``windowed``'s 75% (the small model degrades as its own replies
+    pile up in the context; ``bench/bench_prompt_style.py``)."""
+    chat_restart_steps: int = Field(default=2, ge=0)
+    """``chat``: earlier steps the fresh prompt shows when a conversation restarts at the context limit."""
     history_steps: int = Field(default=4, ge=0)
-    """How many earlier (action, observation) steps the agent prompt shows."""
+    """How many earlier (action, observation) steps the agent prompt shows (``windowed``; ``chat`` shows the
+    whole conversation instead)."""
     max_admissible_shown: int = Field(default=40, ge=0)
     """At most this many admissible actions are listed in the prompt (0 hides them)."""
     observation_max_chars: int = Field(default=1_500, ge=64)
@@ -302,7 +338,15 @@ class LearnerConfig(Section):
     num_cpus: float = Field(default=1.0, ge=0.0)
     """Ray CPUs reserved by the learner actor (``dreamgym train``; also the experience-model SFT task)."""
     num_gpus: float = Field(default=0.0, ge=0.0)
-    """Ray GPUs of the learner actor (1 on a GPU cluster)."""
+    """Ray GPUs of each learner actor (1 on a GPU cluster)."""
+    data_parallel: int = Field(default=1, ge=1)
+    """Learner actors (ranks) in one ``torch.distributed`` group (gloo on CPU, NCCL on CUDA), each with a full
+    replica of the model, ``num_cpus`` / ``num_gpus`` and a disjoint share of every batch; gradients are summed
+    across ranks so a step equals the single-actor step on the whole batch. Rank 0 syncs the engines and writes
+    checkpoints. GRPO only (the PPO critic is not data-parallel yet)."""
+    dist_timeout_s: float = Field(default=300.0, gt=0.0)
+    """Bound of the data-parallel group's rendezvous and of each of its collectives (a rank that died or hangs
+    fails the step after this long instead of blocking the run)."""
     threads: int = Field(default=2, ge=1)
     """torch threads of a CPU learner (``OMP_NUM_THREADS`` of its actor)."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
@@ -358,6 +402,12 @@ class LearnerConfig(Section):
             )
         if self.fsdp and self.device == "cpu":
             raise ValueError("fsdp needs device 'cuda' (or 'auto' on a GPU machine)")
+        if self.data_parallel > 1 and self.algorithm == "ppo":
+            raise ValueError("learner.data_parallel > 1 supports learner.algorithm 'grpo' only (the PPO critic is "
+                             "not data-parallel yet)")
+        if self.data_parallel > 1 and self.fsdp:
+            raise ValueError("learner.data_parallel > 1 keeps a full replica per rank (DDP-style); it does not "
+                             "combine with learner.fsdp yet")
         if self.weight_sync == "nccl" and self.device == "cpu":
             raise ValueError("weight_sync 'nccl' needs a GPU learner; use 'object_store' on CPU")
         return self
@@ -412,8 +462,9 @@ class ReplayConfig(Section):
     """Transitions per write while seeding from Parquet (bounds memory)."""
     url: str | None = None
     """Qdrant server or cluster URL for ``backend: server`` (e.g. ``http://qdrant-0.qdrant:6333``)."""
-    api_key: str | None = None
-    """API key of the Qdrant server (``None``: no authentication)."""
+    api_key: SecretField = None
+    """API key of the Qdrant server (``None``: no authentication). Secret: also ``DREAMGYM_QDRANT_API_KEY`` or
+    ``qdrant_api_key`` in the secrets file; saved configs show ``'**********'``."""
     shard_number: int = Field(default=1, ge=1)
     """Server only: Qdrant shards of each collection, spread over the cluster's nodes."""
     replication_factor: int = Field(default=1, ge=1)
@@ -595,8 +646,9 @@ class AnnotateConfig(Section):
     rationales derived from the environment's facts)."""
     teacher_model: str | None = None
     """Model name at the teacher URL (``None``: the first model the server lists)."""
-    teacher_api_key: str = "EMPTY"
-    """API key sent to the teacher."""
+    teacher_api_key: SecretField = None
+    """API key sent to the teacher (``None``: ``EMPTY``, what local OpenAI-compatible servers accept). Secret:
+    also ``DREAMGYM_TEACHER_API_KEY`` or ``teacher_api_key`` in the secrets file."""
     teacher_max_tokens: int = Field(default=200, ge=8)
     """Token limit of one teacher reasoning trace."""
     concurrency: int = Field(default=16, ge=1)
@@ -632,8 +684,9 @@ class ExperienceModelConfig(Section):
     server at ``url``."""
     url: str | None = None
     """Base URL of an OpenAI-compatible server for ``backend: http`` (e.g. ``http://127.0.0.1:8000/v1``)."""
-    api_key: str = "EMPTY"
-    """API key sent to the ``http`` backend."""
+    api_key: SecretField = None
+    """API key sent to the ``http`` backend (``None``: ``EMPTY``). Secret: also ``DREAMGYM_EXPERIENCE_API_KEY``
+    or ``experience_api_key`` in the secrets file."""
     served_model_name: str | None = None
     """Model name sent to the ``http`` backend (``None``: the first model the server lists)."""
     replicas: int = Field(default=1, ge=1)
@@ -681,6 +734,12 @@ class ExperienceModelConfig(Section):
     """Concurrent requests of the ``http`` backend."""
     router_refresh_s: float = Field(default=1.0, ge=0)
     """How often the router re-reads each replica's load and liveness (0: before every batch)."""
+    max_restarts: int = Field(default=2, ge=0)
+    """Times Ray restarts a replica that died (``backend: ray``); a restarted replica starts its engine on its
+    first request and the routers send it work again once it answers."""
+    revive_timeout_s: float = Field(default=300.0, gt=0)
+    """With every replica down, how long a request waits for one to come back before the run stops with an
+    error (a restart on CPU takes about a minute: the engine loads again)."""
     train: ExperienceTrainConfig = Field(default_factory=ExperienceTrainConfig)
     """SFT of the experience model (``dreamgym train-experience-model``)."""
     annotate: AnnotateConfig = Field(default_factory=AnnotateConfig)
@@ -720,6 +779,17 @@ class RolloutConfig(Section):
     """Ray CPUs reserved per rollout worker (it mostly waits on engines)."""
     synthetic_threads: int = Field(default=8, ge=1)
     """Synthetic steps a worker sends to the experience model at once (threads; the replicas batch them)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each worker asks for (e.g. ``{"rollout_node": 1}`` pins the workers to the nodes
+    started with ``ray start --resources '{"rollout_node": 8}'``). A worker reads no file of the driver's node."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times Ray restarts a rollout worker that died (killed, out of memory, its node lost) before it is
+    given up; a restarted worker opens its environments again on first use."""
+    restart_timeout_s: float = Field(default=300.0, gt=0)
+    """How long a dead worker may take to come back (Ray restarts it) before the run stops, naming it."""
+    retries: int = Field(default=1, ge=0)
+    """Times a dead worker's share of an iteration's episodes is run again. Past it, that share is dropped
+    whole: every episode of its tasks leaves the batch, so the learner never gets part of a GRPO group."""
 
 
 class EvalConfig(Section):
@@ -774,6 +844,32 @@ class ReportConfig(Section):
     """Write ``report.md`` with PNG plots at the end."""
 
 
+class GuardConfig(Section):
+    """``train.guard``: stop training when the simulator goes bad (``dreamgym.guard``).
+
+    Over the last ``window`` synthetic iterations it watches the invalid-transition rate (experience-model
+    replies that stayed malformed or broke the family's reward rule), the synthetic reward rate (share of
+    valid synthetic episodes with a positive reward) and the reward/success agreement. Past a threshold
+    the iteration's groups are not learned from, a checkpoint is written, and the run stops with what it saw.
+    """
+
+    enabled: bool = True
+    """Watch the simulator at all (off: a bad simulator's episodes are still counted and excluded, never judged)."""
+    window: int = Field(default=2, ge=1)
+    """Synthetic iterations the rates are computed over."""
+    min_steps: int = Field(default=16, ge=1)
+    """Synthetic steps the window must hold before the guard judges (fewer: too noisy to stop a run)."""
+    max_invalid_rate: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Highest share of invalid synthetic transitions."""
+    min_reward_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Lowest share of valid synthetic episodes paid a positive reward (0: off). A simulator whose rewards
+    collapsed to zero gives the learner no signal."""
+    max_reward_rate: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Highest share of valid synthetic episodes paid a positive reward (1: off)."""
+    min_outcome_agreement: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Lowest share of valid synthetic episodes whose reward agrees with their success (0: off)."""
+
+
 class TrainConfig(Section):
     """``dreamgym train``: the DreamGym loop (``actors/driver.py``). The GRPO group size ``n`` is
     ``learner.group_size``; the tasks per iteration are ``curriculum.tasks_per_iteration``."""
@@ -808,6 +904,8 @@ class TrainConfig(Section):
     colocate: bool = False
     """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
     GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    """The simulator guard: invalid-reply and reward-rate thresholds over a window of synthetic iterations."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """The rollout workers: how many, their Ray CPUs and how many episodes each runs at once."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -823,6 +921,87 @@ class TrainConfig(Section):
             raise ValueError(f"synthetic_iterations ({self.synthetic_iterations}) cannot exceed iterations "
                              f"({self.iterations})")
         return self
+
+
+#: The arms of ``dreamgym study`` (the paper's Table 1 on one environment), in the order they run: ``real``
+#: before ``dreamgym-s2r``, whose real-transition budget is a share of the real arm's (``dreamgym.study.arms``).
+STUDY_ARMS = ("base", "real", "dreamgym", "dreamgym-s2r", "no-retrieval", "no-reasoning", "no-task-generation")
+StudyArm = Literal["base", "real", "dreamgym", "dreamgym-s2r", "no-retrieval", "no-reasoning", "no-task-generation"]
+
+
+class StudyConfig(Section):
+    """``dreamgym study``: the arms of the paper's Table 1 on one environment, each trained with several seeds
+    by ``dreamgym train`` from this same config (``dreamgym/study/``). Every arm gets the same ``train.iterations``
+    (learner steps), the same offline data (collected once) and the same held-out evaluation seeds."""
+
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """The study directory is ``<run.out_dir>/study-<name>`` (``None``: ``run.name``)."""
+    arms: list[StudyArm] = Field(default_factory=lambda: list(STUDY_ARMS))
+    """Arms to run (``--arm NAME`` narrows a single invocation): ``base`` (the initial policy, evaluated only),
+    ``real`` (GRPO in the real environment), ``dreamgym`` (synthetic only), ``dreamgym-s2r`` (synthetic, then a
+    small real budget), and the ablations of ``dreamgym``: ``no-retrieval`` (``experience_model.top_k 0``),
+    ``no-reasoning`` (``experience_model.reasoning false``), ``no-task-generation``
+    (``curriculum.generate_every 0``). They always run in this order."""
+    seeds: list[int] = Field(default_factory=lambda: [0, 1])
+    """Training seeds (``run.seed`` and the engines' sampling seeds of each run); an integer ``n`` means
+    ``0..n-1``. The table shows the mean and a 95% t-interval over them."""
+    eval_episodes: int | None = Field(default=64, ge=1)
+    """Held-out real episodes per evaluation point: sets ``train.eval.tasks`` (one episode per held-out seed from
+    ``train.eval.first_seed``) in every arm alike. ``None``: ``train.eval`` as configured."""
+    eval_at_start: bool = False
+    """Evaluate trained arms before their first iteration too. Off by default: every arm starts from the same
+    policy, which the ``base`` arm evaluates."""
+    s2r_budget_fraction: float = Field(default=0.1, gt=0.0, le=1.0)
+    """``dreamgym-s2r``'s ``train.real_budget`` as a share of the real arm's mean real transitions (finished
+    ``real`` runs of this study); the paper's S2R uses under a tenth."""
+    s2r_real_budget: int | None = Field(default=None, ge=1)
+    """``dreamgym-s2r``'s real budget when the study has no finished ``real`` run to take the share of."""
+    s2r_real_iterations: int | None = Field(default=None, ge=1)
+    """Iterations of ``dreamgym-s2r`` in the real environment, the last ones (``None``: ``s2r_budget_fraction`` x
+    ``train.iterations``, at least 1). The budget can end the real phase earlier, at an iteration boundary."""
+    share_experience_model: bool = True
+    """Fine-tune the experience model (``train.experience_sft``) once per variant of its settings (the arms that
+    change none of them share one; ``no-retrieval`` and ``no-reasoning`` train their own) and serve that folder in
+    every other run of the variant, as the paper trains its experience model once. Off: every run fine-tunes."""
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-arm config overrides, applied after the arm's own settings: ``{arm: {section: {field: value}}}`` or
+    dotted keys ``{arm: {"learner.lr": 1e-5}}``."""
+    run_timeout_s: float | None = Field(default=None, gt=0.0)
+    """Stop an arm-seed's ``dreamgym train`` after this many seconds (it counts as failed; ``--resume`` retries it
+    from its last checkpoint). ``None``: no limit."""
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seed_count(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError(f"a seed count must be at least 1, got {v}")
+            return list(range(v))
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("at least one seed is needed")
+        if len(set(v)) != len(v) or min(v) < 0:
+            raise ValueError(f"seeds must be distinct and non-negative, got {v}")
+        return v
+
+    @field_validator("arms")
+    @classmethod
+    def _distinct_arms(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"at least one arm is needed; arms: {', '.join(STUDY_ARMS)}")
+        return [a for a in STUDY_ARMS if a in v]  # canonical order: real runs before dreamgym-s2r
+
+    @field_validator("overrides")
+    @classmethod
+    def _override_arms(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        unknown = sorted(set(v) - set(STUDY_ARMS))
+        if unknown:
+            raise ValueError(f"overrides for unknown arm(s) {', '.join(unknown)}; arms: {', '.join(STUDY_ARMS)}")
+        return v
 
 
 class DreamGymConfig(Section):
@@ -848,6 +1027,8 @@ class DreamGymConfig(Section):
     """The reasoning experience model: serving, prompting, retries, training, evaluation."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """The training loop (``dreamgym train``): mode, iterations, evaluation, checkpoints, warm start."""
+    study: StudyConfig = Field(default_factory=StudyConfig)
+    """The arms and seeds of ``dreamgym study`` (ignored by every other command)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -864,7 +1045,8 @@ def _format_validation_error(err: ValidationError, root: type[BaseModel]) -> str
             lines.append(f"  {path}: unknown key; valid keys here: {valid}")
         else:
             got = e.get("input")
-            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            hidden = isinstance(got, dict) or path in SECRETS  # a rejected key is still a key
+            got_s = "" if hidden else f" (got {got!r})"
             lines.append(f"  {path}: {e['msg']}{got_s}")
     return "invalid configuration:\n" + "\n".join(lines)
 
@@ -899,7 +1081,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             i += 1
         i += 1
         try:
-            parsed = yaml.safe_load(value) if value != "" else ""
+            # A key stays the text typed: YAML would turn 0123 or 1e5 into numbers and change it.
+            parsed = value if key in SECRETS else yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             parsed = value
         _set_dotted(out, key, parsed)
@@ -946,7 +1129,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict[str,
     if overrides:
         over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
         data = deep_merge(data, over)
-    return validate_config(data)
+    cfg = validate_config(data)
+    publish(cfg)  # keys given here reach the Ray workers this process starts through the environment only
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1042,6 +1227,7 @@ def validate_config(data: dict[str, Any]) -> DreamGymConfig:
 
 
 def config_to_yaml(cfg: BaseModel) -> str:
+    """The resolved config as YAML; API keys show as ``'**********'`` (``SecretStr`` dumps so in JSON mode)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 

@@ -50,3 +50,8 @@ class ReplayStorageUnavailableError(ReplayError):
 
 class SnapshotError(ReplayError):
     """A replay snapshot is missing, incomplete, corrupt or does not fit the buffer it is restored into."""
+
+
+class TrainingFaultError(DreamGymError):
+    """A part of a running training died or failed (a policy engine, the learner, a weight sync) and the run
+    stopped; the message names the part and the weight version, and how to resume from the last checkpoint."""

@@ -14,8 +14,9 @@ Rules:
   one-GPU bundles in a ``STRICT_PACK`` group (one node, NVLink). The engine actor sits in its first
   bundle; with ``t`` = 1 it holds that GPU itself, with ``t`` > 1 it holds none and vLLM's Ray executor
   starts one worker per bundle (``VLLM_RAY_BUNDLE_INDICES``).
-- ``train.colocate``: the learner's bundle (bundle 0) and every policy engine's bundles form one
-  ``STRICT_PACK`` group.
+- The learner is ``learner.data_parallel`` actors (ranks), each with ``learner.num_cpus`` / ``num_gpus``.
+- ``train.colocate``: the learner ranks' bundles (bundles ``0 .. N-1``) and every policy engine's bundles
+  form one ``STRICT_PACK`` group.
 - CPU engines, rollout workers, replay shards, the curriculum and a learner without ``colocate`` are
   plain actors with their own ``num_cpus`` / ``num_gpus``.
 
@@ -218,8 +219,9 @@ def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
     le = cfg.learner
     cuda_policy = p.engine.device == "cuda"
     if t.colocate:
-        bundles = [Bundle(le.num_cpus, le.num_gpus)]
-        plan.actors.append(ActorPlan("learner", 0, le.num_cpus, le.num_gpus, "colocated", (0,)))
+        bundles = [Bundle(le.num_cpus, le.num_gpus)] * le.data_parallel
+        plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus, "colocated", (r,))
+                        for r in range(le.data_parallel)]
         for i in range(p.num_engines):
             if cuda_policy:
                 plan.actors.append(_engine_actor("policy-engine", i, p.engine, "colocated", len(bundles)))
@@ -230,7 +232,7 @@ def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
                 bundles.append(Bundle(p.engine.num_cpus))
         plan.groups.append(GroupPlan("colocated", tuple(bundles)))
     else:
-        plan.actors.append(ActorPlan("learner", 0, le.num_cpus, le.num_gpus))
+        plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus) for r in range(le.data_parallel)]
         for i in range(p.num_engines):
             group = f"policy-engine-{i}" if cuda_policy else None
             plan.actors.append(_engine_actor("policy-engine", i, p.engine, group, 0))

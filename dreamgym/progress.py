@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dreamgym.secrets import export_wandb_key, scrub
+
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """Numeric leaves of a nested dict as ``a/b/c -> float`` (bools as 0/1; lists and strings skipped)."""
@@ -65,8 +67,11 @@ class MetricSinks:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        config = scrub(config)  # callers pass a dump, which hides keys already; never send one anyway
         if os.environ.get("WANDB_PROJECT") and importlib.util.find_spec("wandb"):
             import wandb
+
+            export_wandb_key()  # W&B reads WANDB_API_KEY; it may be in the secrets file instead
 
             self.wandb = wandb.init(project=os.environ["WANDB_PROJECT"], name=Path(run_dir).name, config=config,
                                     id=Path(run_dir).name, resume="allow" if resume else None)

@@ -60,6 +60,8 @@ class RolloutStats:
     """Synthetic steps whose experience-model reply was malformed after every retry."""
     invalid_episodes: int = 0
     """Episodes ended by an invalid transition (left out of GRPO groups)."""
+    paid_episodes: int = 0
+    """Valid episodes with a positive total reward (the synthetic reward rate of the simulator guard)."""
     outcome_agreements: int = 0
     """Valid episodes whose outcome and reward agree: a success exactly when the episode earned the full
     reward (1). A simulator that pays without success, or succeeds without paying, lowers it."""
@@ -71,6 +73,11 @@ class RolloutStats:
     """Wall time inside ``act`` (the policy engines)."""
     env_seconds: float = 0.0
     """Wall time inside ``reset``/``step`` (the environments: real engines or the experience model)."""
+    retrieval_seconds: float = 0.0
+    """Synthetic steps: time spent retrieving demonstrations from the replay buffer, summed over the
+    environments' threads (``env_seconds`` is wall time; their ratio splits it)."""
+    model_seconds: float = 0.0
+    """Synthetic steps: time spent waiting for the experience model, summed over the environments' threads."""
     seconds: float = 0.0
     """Wall time of the whole call."""
 
@@ -172,6 +179,8 @@ def run_episodes(
     slots: list[_Running | None] = [None] * len(envs)
     results: list[Trajectory | None] = [None] * len(tasks)
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    # duck-typed environments (wrappers, test doubles) without ``step_seconds`` report no split
+    seconds_before = [getattr(e, "step_seconds", dict)() for e in envs]
 
     def call_all(fns: list[Callable[[], Any]]) -> list[Any]:
         if pool is None or len(fns) == 1:
@@ -196,8 +205,8 @@ def run_episodes(
         while any(r is not None for r in slots):
             live = [s for s, r in enumerate(slots) if r is not None]
             runs = [slots[s] for s in live]
-            turns = [AgentTurn(task=r.task, observation=r.observation, history=list(r.history))
-                     for r in runs if r is not None]
+            turns = [AgentTurn(task=r.task, observation=r.observation, history=list(r.history),
+                               context_token_ids=_context(r)) for r in runs if r is not None]
             t0 = time.perf_counter()
             samples = act(turns)
             stats.act_seconds += time.perf_counter() - t0
@@ -237,6 +246,7 @@ def run_episodes(
                     stats.invalid_episodes += run.invalid
                     full = abs(run.total_reward - 1.0) <= 1e-6
                     stats.outcome_agreements += not run.invalid and bool(res.success) == full
+                    stats.paid_episodes += not run.invalid and run.total_reward > 0
                     slots[s] = None
                     freed.append(s)
             if freed:
@@ -246,8 +256,22 @@ def run_episodes(
     finally:
         if pool is not None:
             pool.shutdown(wait=False)
+    for env, before in zip(envs, seconds_before, strict=True):
+        after = getattr(env, "step_seconds", dict)()
+        stats.retrieval_seconds += after.get("retrieval", 0.0) - before.get("retrieval", 0.0)
+        stats.model_seconds += after.get("model", 0.0) - before.get("model", 0.0)
     stats.seconds = time.perf_counter() - t_start
     return [t for t in results if t is not None], stats
+
+
+def _context(run: _Running) -> list[int] | None:
+    """The previous step's prompt + reply ids: a chat-style prompt extends them (``AgentTurn.context_token_ids``)."""
+    if not run.transitions:
+        return None
+    last = run.transitions[-1]
+    if last.prompt_token_ids is None or last.action_token_ids is None:
+        return None
+    return [*last.prompt_token_ids, *last.action_token_ids]
 
 
 def _finish(run: _Running, success: bool) -> Trajectory:
@@ -317,11 +341,12 @@ def random_valid_act(seed: int = 0) -> ActFn:
 def group_stats(groups: Sequence[Group]) -> dict[str, float]:
     """Reward variance facts of a batch of groups: how many carry GRPO signal."""
     if not groups:
-        return {"groups": 0.0, "mixed_groups": 0.0, "mean_group_variance": 0.0}
+        return {"groups": 0.0, "mixed_groups": 0.0, "mean_group_variance": 0.0, "min_group_size": 0.0}
     variances = []
     for g in groups:
         r = g.rewards
         m = sum(r) / len(r)
         variances.append(sum((x - m) ** 2 for x in r) / len(r))
     return {"groups": float(len(groups)), "mixed_groups": float(sum(v > 1e-12 for v in variances)),
-            "mean_group_variance": sum(variances) / len(variances)}
+            "mean_group_variance": sum(variances) / len(variances),
+            "min_group_size": float(min(len(g.trajectories) for g in groups))}

@@ -154,6 +154,9 @@ class AgentTurn:
     observation: Observation
     history: list[tuple[str, str]] = field(default_factory=list)
     """Earlier steps of the episode as ``(action, observation state after it)``, oldest first."""
+    context_token_ids: list[int] | None = None
+    """The previous step's prompt ids followed by its sampled reply ids (``None`` on the first step, or when
+    that step has no tokens, e.g. a scripted policy's). A ``chat``-style prompt extends it."""
 
 
 @dataclass

@@ -13,13 +13,14 @@ temperature), so they are ``log pi_old`` of the GRPO ratio at the policy's tempe
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dreamgym.agent_prompt import ACTION_STOP, build_messages, parse_reply
+from dreamgym.agent_prompt import ACTION_STOP, ChatPromptBuilder, build_messages, parse_reply, turn_prompt
 from dreamgym.errors import ConfigError
 from dreamgym.types import ActionSample, AgentTurn
 
@@ -92,6 +93,8 @@ class VllmPolicy:
         self.start_seconds = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
         self.weight_version = 0
+        self.chat_restarts = 0
+        """Chat conversations restarted with a fresh prompt because they outgrew ``engine.max_model_len``."""
         self.expected_shapes = checkpoint_shapes(self.model_path)
         """Checkpoint-format name -> shape of the served model; every update is checked against it."""
         hf_config = self.llm.llm_engine.model_config.hf_config
@@ -107,13 +110,34 @@ class VllmPolicy:
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
+    @functools.cached_property
+    def chat_builder(self) -> ChatPromptBuilder:
+        return ChatPromptBuilder(self.tokenizer)
+
     def turn_prompt_ids(self, turn: AgentTurn) -> list[int]:
-        """The prompt of ``turn``, shrunk to fit the engine's context (``engine.max_model_len`` less ``max_tokens``):
-        a prompt too long (a long goal text, many valid actions) first drops its history, then halves the listed
-        valid actions, then the observation, step by step. One that cannot fit even so is refused, naming sizes."""
+        """The prompt of ``turn`` (``policy.prompt_style``). ``chat``: the previous prompt + reply ids
+        (``turn.context_token_ids``) extended by this step's short user turn; when that would not leave
+        ``max_tokens`` within ``engine.max_model_len``, the conversation restarts with a fresh prompt showing the
+        last ``chat_restart_steps`` steps (counted in ``chat_restarts``; the learner starts a new sequence there).
+        ``windowed``, and the first step of a conversation: a fresh prompt (``fresh_prompt_ids``)."""
+        c = self.cfg
+        if c.prompt_style == "chat" and turn.context_token_ids:
+            user = turn_prompt(turn, c.max_admissible_shown, c.observation_max_chars)
+            ids = self.chat_builder.extend(turn.context_token_ids, user)
+            if len(ids) <= c.engine.max_model_len - c.max_tokens:
+                return ids
+            self.chat_restarts += 1
+            return self.fresh_prompt_ids(turn, c.chat_restart_steps)
+        return self.fresh_prompt_ids(turn, c.history_steps)
+
+    def fresh_prompt_ids(self, turn: AgentTurn, history: int) -> list[int]:
+        """The full prompt of ``turn`` with the last ``history`` steps, shrunk to fit the engine's context
+        (``engine.max_model_len`` less ``max_tokens``): a prompt too long (a long goal text, many valid actions)
+        first drops its history, then halves the listed valid actions, then the observation, step by step. One
+        that cannot fit even so is refused, naming sizes."""
         c = self.cfg
         budget = c.engine.max_model_len - c.max_tokens
-        history, shown, chars = c.history_steps, c.max_admissible_shown, c.observation_max_chars
+        shown, chars = c.max_admissible_shown, c.observation_max_chars
         while True:
             ids = self.prompt_ids(build_messages(turn, c.reasoning, history, shown, chars, c.worked_example))
             if len(ids) <= budget:

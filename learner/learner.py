@@ -14,6 +14,11 @@ One call of ``step`` is one *learner step*: it bumps the weight version by one (
 anything), after which the caller pushes ``sync_weights()`` to the engines. Inside a step the batch
 is split into ``mini_batches`` parts, each one AdamW step with gradients accumulated over
 micro-batches of at most ``micro_batch_tokens`` padded tokens.
+
+Data parallel (config ``learner.data_parallel`` = N > 1; module ``learner.data_parallel``): the process
+is one of N ranks of an initialised ``torch.distributed`` group; every rank builds the whole batch, runs
+forward/backward on its share of each mini-batch's sequences and the gradients are summed over the ranks
+before clipping, so the step (and its metrics) equal the single-process step on the whole batch.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dreamgym.grpo import engine_gap, policy_loss, tis_weights
 from dreamgym.hardware import native_bf16
 from dreamgym.types import Group, WeightVersion
 from learner import checkpoint
+from learner import data_parallel as dp
 from learner.batching import collate, micro_batches
 from learner.model import add_lora, is_peft, load_causal_lm, shard_fsdp, sync_weights, token_logprobs
 from learner.sequences import TokenSequence, assign_weights, build_batch, build_ppo_batch
@@ -97,6 +103,14 @@ class Learner:
             model = add_lora(model, cfg.lora)
         if cfg.fsdp:
             model = shard_fsdp(model)
+        self.rank, self.world_size = dp.world()
+        if cfg.data_parallel > 1:
+            if self.world_size != cfg.data_parallel:
+                raise RuntimeError(f"learner.data_parallel is {cfg.data_parallel} but this process is rank "
+                                   f"{self.rank} of a group of {self.world_size}: join the group first "
+                                   "(learner.data_parallel.init_group)")
+            # Same folder and seed give equal replicas already; this makes it a guarantee (LoRA init, GPUs).
+            dp.broadcast_params(model)
         self.model = model
         self.reference: torch.nn.Module | None = None
         if cfg.kl_coef > 0.0 and not cfg.lora.enabled:
@@ -266,7 +280,10 @@ class Learner:
         import torch
 
         c = self.cfg
-        old_logprobs = self._old_logprobs(sequences) if train_policy else None
+        # Mini-batches are drawn (and their ``w_t`` set) on the whole batch, identically on every rank; each
+        # rank then keeps its share. ``pi_old`` is needed only for the sequences this rank trains on.
+        parts = [self._my_share(part) for part in self._mini_batches(sequences)]
+        old_logprobs = self._old_logprobs([s for part in parts for s in part]) if train_policy else None
         sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl_old": 0.0, "kl_ref": 0.0,
                 "gap_sum": 0.0, "gap_tokens": 0.0, "tis_sum": 0.0, "tis_capped": 0.0}
         gap_max = 0.0
@@ -274,7 +291,7 @@ class Learner:
         grad_norms: list[float] = []
         critic_norms: list[float] = []
         processed_tokens = 0
-        for part in self._mini_batches(sequences):
+        for part in parts:
             if train_policy:
                 self.optimizer.zero_grad(set_to_none=True)
                 for idx in micro_batches([len(s) for s in part], c.micro_batch_tokens):
@@ -310,6 +327,8 @@ class Learner:
                     sums["ratio"] += terms.ratio_sum
                     sums["kl_old"] += terms.kl_old_sum
                     sums["kl_ref"] += terms.kl_ref_sum
+                if self.data_parallel:
+                    dp.all_reduce_grads(self.params)  # sum: each rank's loss already carries global w_t
                 grad_norms.append(self._clip_and_step())
             if self.critic is not None:
                 tc = time.perf_counter()
@@ -319,6 +338,10 @@ class Learner:
                     critic_sums[k] = critic_sums.get(k, 0.0) + v
                 self._critic_seconds += time.perf_counter() - tc
         self.version = WeightVersion(version=self.version.version + 1, step=self.optimizer_steps)
+        if self.data_parallel:  # the metrics of the whole batch, as one process would report them
+            sums = dp.all_reduce_floats({**sums, "processed_tokens": float(processed_tokens)}, self.device)
+            processed_tokens = int(sums.pop("processed_tokens"))
+            gap_max = dp.all_reduce_floats({"gap_max": gap_max}, self.device, op="max")["gap_max"]
         seconds = time.perf_counter() - t0
         n = max(sums["tokens"], 1.0)
         if grad_norms:
@@ -353,6 +376,17 @@ class Learner:
             tokens_per_s=processed_tokens / seconds,
         )
         return metrics
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether this learner is one of several data-parallel ranks (``learner.data_parallel`` > 1)."""
+        return self.world_size > 1 and self.cfg.data_parallel > 1
+
+    def _my_share(self, part: list[TokenSequence]) -> list[TokenSequence]:
+        """This rank's sequences of ``part`` (all of them without data parallelism), balanced by tokens."""
+        if not self.data_parallel:
+            return part
+        return [part[i] for i in dp.shard([len(s) for s in part], self.rank, self.world_size)]
 
     def _mini_batches(self, sequences: list[TokenSequence]) -> Iterator[list[TokenSequence]]:
         """Split the batch by trajectory into ``mini_batches`` parts (shuffled), each with its own ``w_t``."""

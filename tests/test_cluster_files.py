@@ -106,15 +106,28 @@ def custom_resources_kuberay(doc: dict[str, Any]) -> set[str]:
     return out
 
 
+def _requested_custom_resources() -> set[str]:
+    """Custom Ray resources the example configs ask for (``*.resources`` fields: rollout workers, engines)."""
+    out: set[str] = set()
+    for path in sorted((REPO / "configs").glob("*.yaml")) + [REPO / "dreamgym" / "configs" / "train.yaml"]:
+        cfg = load_config(path)
+        for section in (cfg.train.rollout, cfg.policy.engine, cfg.experience_model.engine):
+            out |= set(section.resources or {})
+    return out
+
+
 def test_no_custom_resource_that_no_config_asks_for() -> None:
-    """No config field requests a custom Ray resource, so the cluster files must declare none."""
+    """Every custom resource a cluster file declares is one a config field requests (the config fields are
+    ``train.rollout.resources`` and ``*.engine.resources``); today no example config pins a role, so the
+    cluster files declare none."""
     from dreamgym.config import explain
 
-    config_resource_fields = [p for p, _, _ in explain() if p.endswith(".resources")]
-    assert config_resource_fields == []  # if one is added, cross-check its names against the cluster files here
-    assert custom_resources_autoscaler(autoscaler()) == set()
+    fields = {p for p, _, _ in explain() if p.endswith(".resources")}
+    assert {"train.rollout.resources", "policy.engine.resources", "experience_model.engine.resources"} <= fields
+    requested = _requested_custom_resources()
+    assert custom_resources_autoscaler(autoscaler()) <= requested
     for f in ("kuberay-raycluster.yaml", "kuberay-rayjob.yaml"):
-        assert custom_resources_kuberay(substituted(CLUSTER / f)) == set(), f
+        assert custom_resources_kuberay(substituted(CLUSTER / f)) <= requested, f
     # The check itself catches the old files' resources (a `rollout` / `policy_engine` resource nothing asked for).
     bad = {"spec": {"workerGroupSpecs": [{"rayStartParams": {"resources": '"{\\"policy_engine\\": 4}"'}}]}}
     assert custom_resources_kuberay(bad) == {"policy_engine"}
@@ -184,5 +197,5 @@ def test_the_shared_volume_is_defined_and_mounted_everywhere() -> None:
         assert claims == {"data": pvc["metadata"]["name"]}
         mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
         assert mounts["data"] == "/data"
-        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}  # secrets come as valueFrom
         assert env["HF_HOME"].startswith("/data/")

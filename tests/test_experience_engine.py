@@ -23,6 +23,7 @@ import pytest
 from experience_data import HALL, KITCHEN, TOY_ENV, controlled_rows, write_toy
 
 from dreamgym.config import EngineConfig, ExperienceModelConfig, load_config
+from dreamgym.experience.http_client import ExperienceBackendError
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.retry import RetryPolicy
@@ -135,6 +136,18 @@ def test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica(ray_c
         time.sleep(1.0)
         assert all(p.valid for p in model.predict(queries[:4]))
         assert router.alive == [False, True]
+        # The last replica crashes (Ray restarts it: ``no_restart=False``): with none live, a request waits
+        # for it to come back (its engine loads again on the probe) and is answered by the restarted replica.
+        ray.kill(replicas[1], no_restart=False)
+        time.sleep(1.0)
+        assert all(p.valid and p.success for p in model.predict(queries[:2]))
+        assert router.alive == [False, True] and router.revived == 1
+        # Down for good: past ``revive_timeout_s`` the request fails with a message that names the bound.
+        ray.kill(replicas[1])
+        time.sleep(1.0)
+        router.revive_timeout_s = 3.0
+        with pytest.raises(ExperienceBackendError, match=r"experience_model\.revive_timeout_s"):
+            model.predict(queries[:1])
     finally:
         client.close()
 

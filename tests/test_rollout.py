@@ -112,6 +112,9 @@ def test_synthetic_rollouts_and_invalid_transitions(coin_envs) -> None:
     assert stats.episodes == 4 and stats.invalid_transitions == 0
     assert all(tr.source == "synthetic" and tr.valid for t in trajs for tr in t.transitions)
     assert len(group_trajectories(trajs)[0]) == 2
+    # a synthetic step's time, split between retrieval and the experience model (the iteration benchmark's split)
+    assert stats.model_seconds > 0 and stats.retrieval_seconds > 0
+    assert stats.model_seconds + stats.retrieval_seconds <= 2 * stats.env_seconds + 1e-6  # 2 threads at most
 
     bad = [env(_copy_model(broken=True)) for _ in range(2)]
     trajs, stats = run_episodes(bad, repeat_tasks(tasks, 2), random_valid_act(2), source="synthetic", threads=2)

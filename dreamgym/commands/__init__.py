@@ -13,5 +13,6 @@ meet: the library imports neither of the other two, and nothing imports this lay
 - ``setup``: ``config``, ``envs``, ``tasks``, ``prepare-models``, ``inspect-data``, ``serve-env`` (the library only);
 - ``data``: ``collect``, ``seed-replay`` (Ray actors);
 - ``experience``: ``annotate``, ``train-experience-model``, ``eval-experience-model``;
-- ``train``: ``train`` (the Ray driver) and ``sft`` (behaviour cloning in this process).
+- ``train``: ``train`` (the Ray driver) and ``sft`` (behaviour cloning in this process);
+- ``study``: ``study`` (the paper's Table 1: one ``dreamgym train`` subprocess per arm and seed).
 """

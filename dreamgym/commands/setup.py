@@ -72,6 +72,11 @@ def cmd_inspect_data(args: argparse.Namespace, overrides: list[str]) -> int:
 def cmd_serve_env(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg = load_config(args.config, overrides)
     from dreamgym.envs.server import serve
+    from dreamgym.errors import ConfigError
+    from dreamgym.secrets import SERVE_ENV_TOKEN, lookup
 
-    serve(cfg.env, host=args.host, port=args.port)
+    token = args.token if args.token is not None else lookup(SERVE_ENV_TOKEN)
+    if token is not None and not token.strip():
+        raise ConfigError("serve-env: the token is empty; give a non-empty --token or DREAMGYM_SERVE_ENV_TOKEN")
+    serve(cfg.env, host=args.host, port=args.port, token=token)
     return 0

@@ -54,6 +54,11 @@ class Environment(ABC):
         """The expert's plan for the current episode from its start, where the environment has one."""
         return None
 
+    def step_seconds(self) -> dict[str, float]:
+        """Seconds this environment's steps have spent so far, by part (a ``SyntheticEnv``: ``retrieval`` and
+        ``model``), for the rollout counters; empty where a step has no parts worth telling apart."""
+        return {}
+
     def abstract_state(self, raw: str) -> str:
         """Normalise a raw observation into the compact abstract state ``s_t``."""
         return normalise_state(raw, max_chars=self.state_max_chars)

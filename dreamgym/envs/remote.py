@@ -86,6 +86,7 @@ class RemoteEnv(Environment):
         state_max_chars: int = 2_000,
         timeout_s: float = 60.0,
         admissible_actions: bool = True,
+        token: str | None = None,
     ) -> None:
         if name not in DIALECTS:
             raise EnvironmentSpecError(
@@ -101,6 +102,9 @@ class RemoteEnv(Environment):
         self._split_task_ids = {split: _parse_task_ids(self.params.get(f"{split}_task_ids"))
                                 for split in ("train", "dev", "test")}
         self._http = requests.Session()
+        if token:
+            # On the session, so every request (including the finalizer's /close) carries it.
+            self._http.headers["Authorization"] = f"Bearer {token}"
         # The server-side environment this client holds; a finalizer closes it when the client is garbage
         # collected or the interpreter exits without ``close()`` (a Ray actor killed with ray.kill runs
         # neither: its owner calls ``close`` first).
@@ -131,9 +135,11 @@ class RemoteEnv(Environment):
                 f"remote:{name} needs env.url, the base URL of its server "
                 "(e.g. --env.url http://127.0.0.1:36001)"
             )
+        from dreamgym.secrets import resolve
+
         return cls(name, cfg.url, params=dict(cfg.params), max_steps=cfg.max_steps,
                    state_max_chars=cfg.state_max_chars, timeout_s=cfg.timeout_s,
-                   admissible_actions=cfg.admissible_actions)
+                   admissible_actions=cfg.admissible_actions, token=resolve(cfg.token, "env.token"))
 
     @classmethod
     def known_names(cls) -> list[str]:

@@ -39,16 +39,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hmac
+import ipaddress
 import json
 import socket
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from dreamgym.envs.registry import make_env
@@ -213,8 +216,10 @@ def _engine_call(where: str, fn: Callable[[], T]) -> T:
 # -- the app ----------------------------------------------------------------------------------
 
 
-def build_app(cfg: EnvConfig, max_envs: int = 256) -> FastAPI:
-    """The FastAPI app serving ``cfg``'s environment; its instances are closed at app shutdown."""
+def build_app(cfg: EnvConfig, max_envs: int = 256, token: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``cfg``'s environment; its instances are closed at app shutdown.
+
+    ``token``: every request must carry ``Authorization: Bearer <token>``; others get HTTP 401."""
     pool = EnvPool(cfg, max_envs=max_envs)
 
     @contextlib.asynccontextmanager
@@ -224,6 +229,8 @@ def build_app(cfg: EnvConfig, max_envs: int = 256) -> FastAPI:
 
     app = FastAPI(title=f"dreamgym environment server: {pool.spec}", lifespan=lifespan)
     app.state.pool = pool
+    if token:
+        _require_token(app, token)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -333,6 +340,24 @@ def build_app(cfg: EnvConfig, max_envs: int = 256) -> FastAPI:
     return app
 
 
+def _require_token(app: FastAPI, token: str) -> None:
+    """Refuse every request without ``Authorization: Bearer <token>`` (HTTP 401, JSON error)."""
+    expected = token.encode()
+
+    @app.middleware("http")
+    async def _check_token(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            message = ("this server requires a token: send 'Authorization: Bearer <token>' (dreamgym clients: "
+                       "env.token or DREAMGYM_ENV_TOKEN)")
+        elif not hmac.compare_digest(given.strip().encode(), expected):  # constant time: no timing oracle
+            message = "wrong token (env.token / DREAMGYM_ENV_TOKEN must equal the server's --token)"
+        else:
+            return await call_next(request)
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {message}", "type": "Unauthorized"},
+                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
 def _task_reply(task: Task, spec: str) -> dict[str, Any]:
     return _jsonable(dataclasses.replace(task, env=spec).to_dict())
 
@@ -382,16 +407,32 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg: EnvConfig, host: str = "127.0.0.1", port: int = 36001, max_envs: int = 256) -> None:
-    """Serve ``cfg``'s environment on ``host:port`` until interrupted (SIGINT/SIGTERM)."""
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(cfg: EnvConfig, host: str = "127.0.0.1", port: int = 36001, max_envs: int = 256,
+          token: str | None = None) -> None:
+    """Serve ``cfg``'s environment on ``host:port`` until interrupted (SIGINT/SIGTERM).
+
+    The default host is the loopback interface: other machines reach the server only when told
+    (``--host 0.0.0.0``), and then it should require a ``token``."""
     import uvicorn
 
     sock = _bind(host, port)
     try:
-        app = build_app(cfg, max_envs=max_envs)
+        app = build_app(cfg, max_envs=max_envs, token=token)
         shown = f"[{host}]" if ":" in host else host
-        line = (f"dreamgym serve-env: serving {app.state.pool.spec} on http://{shown}:{port} "
+        auth = "token required" if token else "no token"
+        line = (f"dreamgym serve-env: serving {app.state.pool.spec} on http://{shown}:{port}, {auth} "
                 f"(AgentGym protocol: POST /create /reset /step /close, GET /tasks /observation ...)")
+        if not token and not _is_loopback(host):
+            print(f"dreamgym serve-env: warning: {host} is reachable from other machines and no token is set: "
+                  "anyone who reaches the port can drive the environment; set DREAMGYM_SERVE_ENV_TOKEN",
+                  file=sys.stderr, flush=True)
 
         class _Server(uvicorn.Server):
             async def startup(self, sockets: list[socket.socket] | None = None) -> None:

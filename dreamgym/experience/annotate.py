@@ -150,8 +150,10 @@ def annotator_from_config(cfg: AnnotateConfig, step_budget: int | None = None) -
     if not cfg.teacher_url:
         return TemplateAnnotator(step_budget)
     from dreamgym.experience.http_client import OpenAIClient
+    from dreamgym.secrets import resolve
 
-    client = OpenAIClient(cfg.teacher_url, cfg.teacher_model, cfg.teacher_api_key, concurrency=cfg.concurrency)
+    key = resolve(cfg.teacher_api_key, "experience_model.annotate.teacher_api_key") or "EMPTY"
+    client = OpenAIClient(cfg.teacher_url, cfg.teacher_model, key, concurrency=cfg.concurrency)
     return TeacherAnnotator(client, Sampling(temperature=0.0, max_tokens=cfg.teacher_max_tokens), step_budget)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dreamgym.config import ExperienceModelConfig
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.http_client import ExperienceBackendError, OpenAIClient
+from dreamgym.secrets import resolve
 
 
 def open_client(cfg: ExperienceModelConfig, model_path: str | None = None) -> ExperienceClient:
@@ -18,7 +19,8 @@ def open_client(cfg: ExperienceModelConfig, model_path: str | None = None) -> Ex
     if cfg.backend == "http":
         if not cfg.url:
             raise ExperienceBackendError("experience_model.backend is 'http' but experience_model.url is not set")
-        return OpenAIClient(cfg.url, cfg.served_model_name, cfg.api_key, cfg.request_timeout_s, cfg.http_concurrency)
+        key = resolve(cfg.api_key, "experience_model.api_key") or "EMPTY"  # local servers accept any key
+        return OpenAIClient(cfg.url, cfg.served_model_name, key, cfg.request_timeout_s, cfg.http_concurrency)
     if cfg.backend == "local":
         from dreamgym.experience.engine import InProcessClient
         from dreamgym.experience.setup import engine_options

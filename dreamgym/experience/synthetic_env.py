@@ -23,6 +23,7 @@ action is admissible.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
@@ -57,6 +58,7 @@ class SyntheticEnv(Environment):
         self.imitated = env
         self.model = model
         self.retrieve = retrieve
+        self._seconds = {"retrieval": 0.0, "model": 0.0}
         self.top_k = model.prompt.top_k if top_k is None else top_k
         self._task_source = task_source
         self._initial_state = initial_state
@@ -105,7 +107,19 @@ class SyntheticEnv(Environment):
                            instruction=task.instruction)
 
     def step(self, action: str) -> StepResult:
-        return self.apply(action, self.model.predict_one(self.query(action)))
+        # Retrieval and the model call timed apart (``step_seconds``): the rollout counters split a synthetic
+        # step's cost between the replay buffer and the experience model (``RolloutStats.retrieval_seconds``).
+        # Not in ``info``: a step's info must not change from one run to the next (gymnasium's checker).
+        t0 = time.perf_counter()
+        q = self.query(action)
+        t1 = time.perf_counter()
+        pred = self.model.predict_one(q)
+        self._seconds["retrieval"] += t1 - t0
+        self._seconds["model"] += time.perf_counter() - t1
+        return self.apply(action, pred)
+
+    def step_seconds(self) -> dict[str, float]:
+        return dict(self._seconds)
 
     def query(self, action: str) -> ExperienceQuery:
         """The experience-model query for ``action`` in the current state (retrieval done here)."""

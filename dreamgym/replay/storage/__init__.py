@@ -38,8 +38,11 @@ def open_store(cfg: ReplayConfig, dim: int, shard: int = 0, root: str | Path | N
     if cfg.backend == "local":
         path = shard_dir(root, shard) if root is not None else None
         return ClientStore(dim, cfg.collection, path=path, **common)  # type: ignore[arg-type]
+    from dreamgym.secrets import resolve
+
     return ClientStore(
-        dim, f"{cfg.collection}-s{shard}", url=cfg.url, api_key=cfg.api_key, timeout_s=cfg.timeout_s,
+        dim, f"{cfg.collection}-s{shard}", url=cfg.url, api_key=resolve(cfg.api_key, "replay.api_key"),
+        timeout_s=cfg.timeout_s,
         shard_number=cfg.shard_number, replication_factor=cfg.replication_factor,
         on_disk_payload=cfg.on_disk_payload, **common,  # type: ignore[arg-type]
     )

@@ -1,0 +1,202 @@
+"""Faults inside ``dreamgym train``: a rollout worker killed mid-iteration, a simulator that goes bad.
+
+Real components: a real local Ray cluster, real TextWorldExpress games, the tiny vLLM policy, the GRPO
+learner. The worker is killed with SIGKILL from outside (as ``kill -9`` would), while it is running
+episodes; the bad simulator is an OpenAI-compatible experience-model server that starts returning empty
+replies after the first iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_openai_server import ScriptedOpenAIServer
+from test_train import _read_metrics, _reward_by_action, _webarena_offline, tiny_config
+
+from dreamgym.config import GuardConfig, validate_config
+from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
+
+
+def _stats(steps: int, invalid: int, episodes: int, invalid_eps: int, paid: int, agree: int) -> dict[str, Any]:
+    return {"steps": steps, "invalid_transitions": invalid, "episodes": episodes, "invalid_episodes": invalid_eps,
+            "paid_episodes": paid, "outcome_agreements": agree}
+
+
+def test_the_guard_trips_on_the_window_not_on_one_noisy_iteration() -> None:
+    g = SimulatorGuard(GuardConfig(window=2, min_steps=10, max_invalid_rate=0.5))
+    assert not g.observe(_stats(4, 4, 2, 2, 0, 0)).tripped  # 4 steps: below min_steps, not judged
+    v = g.observe(_stats(12, 2, 6, 1, 3, 5))  # window: 16 steps, 6 invalid (37.5%)
+    assert not v.tripped and v.window.steps == 16 and abs(v.window.invalid_rate - 6 / 16) < 1e-9
+    v = g.observe(_stats(12, 10, 6, 5, 0, 1))  # the first iteration left the window: 24 steps, 12 invalid
+    assert not v.tripped and v.iterations == 2
+    v = g.observe(_stats(12, 11, 6, 6, 0, 0))  # 24 steps, 21 invalid
+    assert v.tripped and "invalid transitions 88% > train.guard.max_invalid_rate 50%" in v.reasons[0]
+    assert "resume" in v.message() and "train.guard" in v.message()
+
+
+def test_the_guard_watches_the_reward_rate_and_agreement_when_asked() -> None:
+    paid_always = _stats(20, 0, 10, 0, 10, 2)
+    assert not SimulatorGuard(GuardConfig()).observe(paid_always).tripped  # defaults: only the invalid rate
+    v = SimulatorGuard(GuardConfig(max_reward_rate=0.9, min_outcome_agreement=0.5)).observe(paid_always)
+    assert v.tripped and len(v.reasons) == 2 and "reward rate 100%" in v.reasons[0]
+    v = SimulatorGuard(GuardConfig(min_reward_rate=0.1)).observe(_stats(20, 0, 10, 0, 0, 10))
+    assert v.tripped and "reward rate 0% < train.guard.min_reward_rate 10%" in v.reasons[0]
+    assert not SimulatorGuard(GuardConfig(enabled=False, min_reward_rate=0.1)).observe(
+        _stats(20, 0, 10, 0, 0, 10)).tripped
+
+
+def _when(condition: Any, action: Any, timeout: float = 900.0) -> threading.Thread:
+    """Run ``action()`` once ``condition()`` holds (polled), in a thread; errors are kept on the thread."""
+
+    def loop() -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if condition():
+                    action()
+                    return
+            except Exception as e:  # a condition racing the run's start: try again
+                thread.error = e  # type: ignore[attr-defined]
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+def test_the_guard_stops_training_when_the_simulator_goes_bad(ray_cluster, tmp_path: Path) -> None:
+    """The experience model answers well for one iteration, then returns empty replies: the second iteration's
+    transitions are invalid, the guard stops the run before the learner sees them, and the message says why."""
+    from actors.driver import run_train
+
+    broken = threading.Event()
+
+    def reply(body: dict[str, Any]) -> str:
+        return "" if broken.is_set() else _reward_by_action(body)
+
+    def first_iteration_done() -> bool:
+        return any(r["event"] == "iteration" for run in tmp_path.glob("t-train-*") for r in _read_metrics(run))
+
+    offline = _webarena_offline(tmp_path / "webarena.parquet")
+    with ScriptedOpenAIServer(reply) as server:
+        cfg = validate_config(tiny_config(
+            tmp_path, env={"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
+            experience_model={"backend": "http", "url": server.url, "top_k": 1},
+            curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0}, learner={"group_size": 4},
+            train={"mode": "synthetic", "iterations": 3, "offline_data": str(offline), "checkpoint_every": 1,
+                   "warm_start": {"method": "none"}, "eval": {"enabled": False},
+                   "guard": {"window": 1, "min_steps": 4}}))
+        _when(first_iteration_done, broken.set)
+        with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
+            run_train(cfg)
+    run_dir = next(tmp_path.glob("t-train-*"))
+    records = _read_metrics(run_dir)
+    assert [r["iteration"] for r in records if r["event"] == "iteration"] == [1]  # nothing learned from iteration 2
+    guard = [r for r in records if r["event"] == "guard"]
+    assert len(guard) == 1 and guard[0]["tripped"] and guard[0]["invalid_rate"] == 1.0
+    driver = json.loads((run_dir / "checkpoints" / "step-000001" / "driver.json").read_text())
+    assert driver["iteration"] == 1  # the run resumes from the last good iteration
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+@pytest.mark.parametrize("case", ["rerun", "drop"])
+def test_a_rollout_worker_killed_mid_iteration(case: str, ray_cluster, tmp_path: Path) -> None:
+    """``kill -9`` of a rollout worker while it runs real episodes. ``rerun``: Ray restarts it and its share of
+    the iteration runs again, so every GRPO group is whole. ``drop`` (``retries 0``, 2 workers): its share is
+    dropped with every other episode of its tasks; the run goes on and the restarted worker serves the next
+    iteration."""
+    import ray
+
+    from actors.driver import run_train
+
+    workers, retries = (1, 1) if case == "rerun" else (2, 0)
+    killed: dict[str, Any] = {}
+
+    def worker() -> Any:
+        run = next(tmp_path.glob("t-train-*"))
+        return ray.get_actor(f"rollout-{run.name}-{os.getpid()}-0")
+
+    def running_real_episodes() -> bool:
+        p = ray.get(worker().progress.remote(), timeout=10)
+        return p["running"] and p["phase"] == "real" and p["steps"] >= 1
+
+    def kill() -> None:  # ``progress`` answers while ``run`` holds the worker (``ready`` would wait for it)
+        killed.update(ray.get(worker().progress.remote(), timeout=10))
+        os.kill(killed["pid"], signal.SIGKILL)
+
+    cfg = validate_config(tiny_config(
+        tmp_path, train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
+                         "eval": {"enabled": False}, "checkpoint_every": 0,
+                         "rollout": {"workers": workers, "retries": retries, "envs_per_worker": 3,
+                                     "num_cpus": 0.1}}))
+    watcher = _when(running_real_episodes, kill)
+    s = run_train(cfg)
+    assert killed, f"the worker was never seen running real episodes: {getattr(watcher, 'error', None)!r}"
+    assert s["iterations"] == 2
+    records = _read_metrics(Path(s["run_dir"]))
+    lost = [r for r in records if r["event"] == "rollout_worker_lost"]
+    assert len(lost) == 1 and lost[0]["worker"] == 0 and lost[0]["rerun"] == (case == "rerun")
+    iters = {r["iteration"]: r for r in records if r["event"] == "iteration"}
+    hit = iters[lost[0]["iteration"] + 1]
+    if case == "rerun":
+        assert hit["rollout"]["episodes"] == 6 and hit["rollout"]["lost_tasks"] == 0
+        assert hit["groups"]["groups"] == 2 and hit["groups"]["min_group_size"] == 3  # whole groups
+    else:
+        # worker 0 held episodes of both tasks (tasks are dealt round-robin): both groups leave the batch whole
+        assert hit["rollout"]["lost_tasks"] == 2 and hit["groups"]["groups"] == 0
+    later = [it for i, it in iters.items() if i > lost[0]["iteration"] + 1]
+    assert all(it["rollout"]["episodes"] == 6 and it["rollout"]["lost_tasks"] == 0 for it in later)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+def test_a_policy_engine_killed_stops_the_run_with_a_resumable_message(ray_cluster, tmp_path: Path) -> None:
+    """``kill -9`` of the policy engine while a worker samples from it: the run stops with one message that says
+    which part died and how to resume (a restarted engine would serve other weights than the learner's)."""
+    import psutil
+    import ray
+
+    from actors.driver import run_train
+    from dreamgym.errors import TrainingFaultError
+
+    def worker() -> Any:
+        run = next(tmp_path.glob("t-train-*"))
+        return ray.get_actor(f"rollout-{run.name}-{os.getpid()}-0")
+
+    def running_real_episodes() -> bool:
+        p = ray.get(worker().progress.remote(), timeout=10)
+        return p["running"] and p["phase"] == "real" and p["steps"] >= 1
+
+    def kill_engine() -> None:
+        engines = [p for p in psutil.process_iter(["cmdline"])
+                   if "ray::PolicyEngine" in " ".join(p.info["cmdline"] or [])]
+        assert len(engines) == 1, [p.info["cmdline"] for p in engines]
+        killed.append(engines[0].pid)
+        engines[0].kill()
+
+    cfg = validate_config(tiny_config(
+        tmp_path, train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
+                         "eval": {"enabled": False}, "checkpoint_every": 1}))
+    killed: list[int] = []
+    watcher = _when(running_real_episodes, kill_engine)
+    with pytest.raises(TrainingFaultError, match="lost an actor it was calling") as e:
+        try:
+            run_train(cfg)
+        finally:
+            assert killed, f"the engine was never killed: {getattr(watcher, 'error', None)!r}"
+    assert "dreamgym train --resume" in str(e.value)
+    records = _read_metrics(next(tmp_path.glob("t-train-*")))
+    assert [r for r in records if r["event"] == "fault"]

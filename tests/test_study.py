@@ -1,0 +1,224 @@
+"""``dreamgym study``: the aggregation (mean, 95% t-interval), the arms' configs, and a real tiny study.
+
+The tiny study runs the real command end to end: it collects the offline data once (``dreamgym collect``), then
+runs each arm-seed as a real ``dreamgym train`` subprocess (local Ray, TextWorldExpress coin, a tiny random Llama
+served by vLLM and trained by the GRPO learner, the embedded replay buffer). The experience model is an
+OpenAI-compatible server on loopback that pays every other request it gets, so synthetic groups have reward
+variance and learner steps happen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from scripted_openai_server import ScriptedOpenAIServer
+from test_train import tiny_config
+
+from dreamgym.cli import main
+from dreamgym.config import STUDY_ARMS, load_config, validate_config
+from dreamgym.errors import ConfigError
+from dreamgym.experience.prompts import format_reply
+from dreamgym.study.arms import arm_seed_config, experience_variant, s2r_budget, s2r_real_iterations
+from dreamgym.study.stats import Interval, mean_interval, t975
+
+VENV_BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- aggregation -------------------------------------------------------------------------------------------
+def test_mean_and_95_t_interval_against_a_hand_computed_example() -> None:
+    # values 0.5, 0.75, 0.625: mean 0.625; s = sqrt((0.125^2 + 0.125^2 + 0) / 2) = 0.125;
+    # half-width = t_{0.975, 2} * s / sqrt(3) = 4.303 * 0.125 / 1.7320508 = 0.310542
+    iv = mean_interval([0.5, 0.75, 0.625])
+    assert iv.n == 3 and iv.mean == pytest.approx(0.625)
+    assert iv.low == pytest.approx(0.625 - 0.310542, abs=1e-6) and iv.high == pytest.approx(0.625 + 0.310542, abs=1e-6)
+    assert iv.format() == "62.5% [31.4, 93.6]"
+    # two seeds: t_{0.975, 1} = 12.706; s = sqrt(0.02) for 0.4, 0.6
+    two = mean_interval([0.4, 0.6])
+    assert two.high - two.mean == pytest.approx(12.706 * math.sqrt(0.02) / math.sqrt(2))
+    # a success rate cannot leave 0..1: the table's interval is cut there
+    assert (two.clipped().low, two.clipped().high, two.clipped().mean) == (0.0, 1.0, 0.5)
+
+
+def test_one_seed_has_no_interval_and_none_has_no_mean() -> None:
+    one = mean_interval([0.7])
+    assert (one.n, one.mean, one.low, one.high) == (1, 0.7, None, None)
+    assert one.format() == "70.0% (95% CI n/a, 1 seed)"
+    assert mean_interval([]).format() == "-" and Interval(**mean_interval([]).to_dict()).mean is None
+
+
+def test_t_quantiles() -> None:
+    assert t975(1) == 12.706 and t975(30) == 2.042
+    assert t975(60) == pytest.approx(2.000, abs=1e-3) and t975(120) == pytest.approx(1.980, abs=1e-3)
+    assert t975(10_000) == pytest.approx(1.960, abs=1e-3)
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+# -- the arms' configs -------------------------------------------------------------------------------------
+def _study_cfg(**study: Any) -> Any:
+    return validate_config({"train": {"iterations": 10, "real_budget": 500, "experience_sft": True,
+                                      "eval": {"first_seed": 7}},
+                            "study": study})
+
+
+def test_every_arm_shares_steps_data_and_held_out_seeds(tmp_path: Path) -> None:
+    cfg = _study_cfg(seeds=3)
+    assert cfg.study.seeds == [0, 1, 2] and tuple(cfg.study.arms) == STUDY_ARMS
+    offline = tmp_path / "offline.parquet"
+    arms = {a: arm_seed_config(cfg, a, 1, offline, real_budget=42) for a in STUDY_ARMS}
+    for a, c in arms.items():
+        assert c.train.offline_data == offline and c.run.seed == 1 and c.policy.engine.seed == 1
+        assert (c.train.eval.tasks, c.train.eval.first_seed, c.train.eval.split) == (64, 7, "test"), a
+        assert c.train.iterations == (0 if a == "base" else 10), a
+    assert arms["base"].train.eval.at_start and not arms["real"].train.eval.at_start
+    assert arms["real"].train.mode == "real" and arms["real"].train.real_budget is None
+    assert arms["dreamgym"].train.mode == "synthetic"
+    s2r = arms["dreamgym-s2r"].train
+    assert (s2r.mode, s2r.synthetic_iterations, s2r.real_budget) == ("s2r", 9, 42)  # 10% of 10 iterations: 1 real
+    assert arms["no-retrieval"].experience_model.top_k == 0 and arms["dreamgym"].experience_model.top_k == 3
+    assert arms["no-reasoning"].experience_model.reasoning is False
+    assert arms["no-task-generation"].curriculum.generate_every == 0
+    # the fine-tuned experience model is shared where its settings agree, not where an ablation changes them
+    variants = {a: experience_variant(c) for a, c in arms.items()}
+    assert variants["dreamgym"] == variants["dreamgym-s2r"] == variants["no-task-generation"]
+    assert len({variants["dreamgym"], variants["no-retrieval"], variants["no-reasoning"]}) == 3
+    assert experience_variant(arm_seed_config(cfg, "dreamgym", 2, offline)) == variants["dreamgym"]
+
+
+def test_per_arm_overrides_and_their_errors(tmp_path: Path) -> None:
+    cfg = _study_cfg(overrides={"real": {"learner.lr": 1e-5}, "dreamgym": {"learner": {"lr": 2e-5}}})
+    assert arm_seed_config(cfg, "real", 0, None).learner.lr == 1e-5
+    assert arm_seed_config(cfg, "dreamgym", 0, None).learner.lr == 2e-5
+    assert arm_seed_config(cfg, "no-retrieval", 0, None).learner.lr == cfg.learner.lr
+    bad = _study_cfg(overrides={"real": {"learner.lr": -1}})
+    with pytest.raises(ConfigError, match=r"study arm real, seed 0: invalid configuration:\n  learner.lr"):
+        arm_seed_config(bad, "real", 0, None)
+    with pytest.raises(ConfigError, match="unknown arm"):
+        validate_config({"study": {"overrides": {"rael": {}}}})
+    with pytest.raises(ConfigError, match="seeds must be distinct"):
+        load_config(None, ["--study.seeds", "[1, 1]"])
+    with pytest.raises(ConfigError, match="leave no synthetic one"):
+        arm_seed_config(_study_cfg(s2r_real_iterations=10), "dreamgym-s2r", 0, None)
+
+
+def test_s2r_budget_is_a_share_of_the_real_arm() -> None:
+    cfg = _study_cfg()
+    assert s2r_real_iterations(cfg) == 1
+    assert s2r_budget(cfg, [400, 500])[0] == 45  # floor(0.1 * 450)
+    assert s2r_budget(_study_cfg(s2r_real_budget=30), [])[0] == 30
+    with pytest.raises(ConfigError, match="run the real arm first"):
+        s2r_budget(cfg, [])
+
+
+@pytest.mark.parametrize("name", ["study-cpu.yaml", "study-gpu.yaml"])
+def test_the_study_configs_are_valid_for_every_arm(name: str, tmp_path: Path) -> None:
+    from actors.train_setup import requested_resources
+    from dreamgym.placement import plan_placement
+
+    cfg = load_config(REPO / "configs" / name)
+    assert len(cfg.study.seeds) >= 2 and tuple(cfg.study.arms) == STUDY_ARMS
+    assert cfg.study.eval_episodes is not None and cfg.study.eval_episodes >= 64
+    for arm in STUDY_ARMS:
+        c = arm_seed_config(cfg, arm, cfg.study.seeds[-1], tmp_path / "offline.parquet", real_budget=10)
+        if name == "study-cpu.yaml":
+            assert c.policy.model == c.experience_model.model == "smollm2-135m"
+            assert requested_resources(c) <= (2.0, 0.0), arm  # fits the 2-core machine
+        else:
+            assert "/" in c.policy.model and "/" in c.experience_model.model  # hub ids
+            expected = 3 if arm in ("base", "real") else 5  # the header's table: learner 1 + engines 2 (+ replicas 2)
+            assert plan_placement(c).total_gpus == expected, arm
+    if name == "study-gpu.yaml":  # S2R at the paper's budget: 2 real iterations of 20
+        assert s2r_real_iterations(cfg) == 2 and cfg.train.iterations == 20
+
+
+def test_report_and_resume_need_a_study_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["study", "--report", str(tmp_path)]) == 2
+    assert main(["study", "--resume", str(tmp_path)]) == 2
+    assert "not a study directory" in capsys.readouterr().err
+
+
+# -- a real tiny study ---------------------------------------------------------------------------------------
+class _EveryOtherPays:
+    """The experience model: each reply ends the episode; every other request is paid (and successful), so the
+    episodes of a group, which step together, get different rewards."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        with self.lock:
+            self.calls += 1
+            paid = self.calls % 2 == 0
+        return format_reply("You are in the kitchen.", float(paid), True, paid, "the outcome of the action")
+
+
+def _study(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(VENV_BIN / "dreamgym"), "study", *args], capture_output=True, text=True, env=env,
+                          timeout=2400, start_new_session=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # 4 tiny train runs and a collection, each with its own Ray; a loaded 2-core box is slow
+@pytest.mark.ray
+@pytest.mark.engine
+def test_a_tiny_study_runs_resumes_and_reports(tmp_path: Path) -> None:
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    with ScriptedOpenAIServer(_EveryOtherPays()) as server:
+        cfg = tiny_config(
+            tmp_path / "runs", ray={"num_cpus": 2},
+            experience_model={"backend": "http", "url": server.url, "check_reward_rule": False,
+                              "inadmissible": "model"},
+            learner={"group_size": 4},
+            train={"iterations": 2, "warm_start": {"method": "none"}, "checkpoint_every": 0},
+            study={"name": "tiny", "arms": ["dreamgym", "no-retrieval"], "seeds": 2, "eval_episodes": 3})
+        (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
+        study = tmp_path / "runs" / "study-tiny"
+
+        first = _study([str(tmp_path / "study.yaml"), "--arm", "dreamgym"], env)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        assert first.stdout.count(": start (") == 2 and first.stdout.count(": done in ") == 2, first.stdout
+        assert not (study / "no-retrieval").exists()
+        done = {p: p.stat().st_mtime_ns for p in study.glob("dreamgym/seed-*/summary.json")}
+        assert len(done) == 2
+        offline_mtime = (study / "offline.parquet").stat().st_mtime_ns
+
+        second = _study(["--resume", str(study)], env)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.stdout.count("finished before, skipped") == 2 and second.stdout.count(": done in ") == 2
+    assert {p: p.stat().st_mtime_ns for p in done} == done  # finished arm-seeds were not run again
+    assert (study / "offline.parquet").stat().st_mtime_ns == offline_mtime  # collected once
+
+    result = json.loads((study / "results.json").read_text())
+    assert set(result["arms"]) == {"dreamgym", "no-retrieval"}
+    assert result["checks"]["same_learner_step_budget"] and result["checks"]["learner_step_budget"] == [2]
+    assert result["checks"]["same_eval_set"] and result["checks"]["eval_sets"][0]["tasks"] == 3
+    runs = result["runs"]
+    assert len(runs) == 4 and all(r["finished"] and r["iterations"] == 2 for r in runs)
+    assert all(1 <= r["learner_steps"] <= 2 for r in runs), runs  # synthetic groups had reward variance
+    assert all(r["real_transitions"] == 0 and r["random_valid_success"] is not None for r in runs)
+    configs = [yaml.safe_load((Path(r["run_dir"]) / "config.yaml").read_text()) for r in runs]
+    assert {c["train"]["offline_data"] for c in configs} == {str((study / "offline.parquet").resolve())}
+    assert {c["experience_model"]["top_k"] for c in configs} == {0, 2}
+    for arm in ("dreamgym", "no-retrieval"):
+        assert result["arms"][arm]["success"]["n"] == 2 and result["arms"][arm]["success"]["low"] is not None
+
+    for name in ("results.md", "results.json", "success_vs_real.png"):
+        (study / name).unlink()
+    rebuilt = _study(["--report", str(study)], env)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert (study / "success_vs_real.png").stat().st_size > 0
+    assert json.loads((study / "results.json").read_text())["arms"] == result["arms"]
+    table = (study / "results.md").read_text()
+    assert "| dreamgym: DreamGym (synthetic only) | 2 |" in table and "no-retrieval" in table
