@@ -7,7 +7,9 @@ and no network:
 - ``logprobs``: teacher-forced log-probs on CUDA (fp32 and bf16 autocast) against a CPU fp32 reference;
 - ``grpo_step_bf16``: one GRPO step with bf16 autocast (fp32 master weights) moves the weights;
 - ``checkpoint_resume``: save after one step, take two more; a learner resumed from the checkpoint takes the same
-  two steps bit for bit (deterministic algorithms on).
+  two steps bit for bit (deterministic algorithms on);
+- ``data_parallel``: two learner ranks in one process group (NCCL with a GPU each; gloo sharing one GPU) take
+  the same GRPO step as one learner (loss and weights within 1e-5 / 1e-4).
 
 Without ``--torch-only`` it then runs the ``gpu``-marked tests (``pytest -m gpu``) and a 3-iteration
 ``dreamgym train`` with CUDA engines and learner, each as a subprocess with a time limit.
@@ -176,6 +178,68 @@ def check_resume(model: Path, device: str, work: Path) -> dict[str, Any]:
             "passed": diff == 0.0 and metric_diff == 0.0 and b.version.version == 3}
 
 
+def _data_parallel_rank(rank: int, world: int, port: int, model: Path, device: str, backend: str, own_gpu: bool,
+                        results: Any) -> None:
+    """One rank of ``check_data_parallel`` (a spawned process): join the group, take one GRPO step."""
+    if own_gpu:  # before CUDA is initialised in this process: rank r sees only GPU r, as a Ray actor would
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    from learner.data_parallel import init_group
+    from learner.learner import Learner
+
+    try:
+        init_group("127.0.0.1", port, rank, world, backend, 120.0)
+        learner = Learner(learner_cfg(device, "float32").model_copy(update={"data_parallel": world}), model, seed=0)
+        m = learner.step(random_groups(0))
+        # numpy, pickled by value: a shared-memory tensor would not outlive this process
+        weights = {n: t.numpy() for n, t in params(learner).items()} if rank == 0 else None
+        results.put({"rank": rank, "loss": m["loss"], "params": weights})
+    except Exception as e:
+        results.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
+
+
+def check_data_parallel(model: Path, device: str) -> dict[str, Any]:
+    """Two learner ranks in one process group take the same GRPO step as one learner (fp32).
+
+    With 2+ GPUs: NCCL, one GPU per rank (the cluster layout). With one GPU the two ranks share it over gloo
+    (NCCL refuses two ranks on one device): the learner's data-parallel CUDA path (shares, bucketed gradient
+    all-reduce of CUDA tensors, metric reduction) runs, NCCL itself does not."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    from learner.learner import Learner
+
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    own_gpu = gpus >= 2
+    backend = "nccl" if own_gpu else "gloo"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_data_parallel_rank, args=(r, 2, port, model, device, backend, own_gpu, results))
+             for r in range(2)]
+    for proc in procs:
+        proc.start()
+    got = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    errors = [g["error"] for g in got if "error" in g]
+    if errors:
+        return {"passed": False, "backend": backend, "error": "; ".join(errors)}
+    one = Learner(learner_cfg(device, "float32"), model, seed=0)
+    m = one.step(random_groups(0))
+    ref = params(one)
+    rank0 = next(g for g in got if g["rank"] == 0)
+    weight_diff = max(float((torch.from_numpy(rank0["params"][n]) - ref[n]).abs().max()) for n in ref)
+    loss_diff = max(abs(g["loss"] - m["loss"]) for g in got)
+    out = {"backend": backend, "ranks": 2, "gpus": gpus, "loss_one_learner": m["loss"], "max_loss_diff": loss_diff,
+           "max_weight_diff": weight_diff, "weight_tolerance": 1e-4}
+    out["passed"] = loss_diff <= 1e-5 * max(1.0, abs(m["loss"])) and weight_diff <= 1e-4
+    return out
+
+
 def run_subprocess(cmd: list[str], timeout_s: float, log: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     with log.open("w") as f:
@@ -265,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         ("logprobs", lambda: check_logprobs(model, device)),
         ("grpo_step_bf16", lambda: check_grpo_step(model, device)),
         ("checkpoint_resume", lambda: check_resume(model, device, work)),
+        ("data_parallel", lambda: check_data_parallel(model, device)),
     ]
     for name, fn in checks:
         t0 = time.perf_counter()

@@ -109,7 +109,7 @@ def custom_resources_kuberay(doc: dict[str, Any]) -> set[str]:
 def _requested_custom_resources() -> set[str]:
     """Custom Ray resources the example configs ask for (``*.resources`` fields: rollout workers, engines)."""
     out: set[str] = set()
-    for path in sorted((REPO / "configs").glob("*.yaml")) + [REPO / "dreamgym" / "configs" / "train.yaml"]:
+    for path in [*sorted((REPO / "configs").glob("*.yaml")), REPO / "dreamgym" / "configs" / "train.yaml"]:
         cfg = load_config(path)
         for section in (cfg.train.rollout, cfg.policy.engine, cfg.experience_model.engine):
             out |= set(section.resources or {})

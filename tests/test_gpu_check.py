@@ -35,7 +35,8 @@ def test_torch_only_checks_pass_on_cpu(tmp_path: Path) -> None:
     code, s = _run(tmp_path / "out", "--torch-only", "--allow-cpu")
     assert code == 0, s
     c = s["checks"]
-    assert set(c) == {"logprobs", "grpo_step_bf16", "checkpoint_resume"}
+    assert set(c) == {"logprobs", "grpo_step_bf16", "checkpoint_resume", "data_parallel"}
+    assert c["data_parallel"]["backend"] == "gloo" and c["data_parallel"]["max_weight_diff"] <= 1e-4
     assert c["logprobs"]["max_abs_diff_float32"] <= 1e-3 and c["grpo_step_bf16"]["version"] == 1
     assert c["checkpoint_resume"]["max_param_diff"] == 0.0
     assert all(isinstance(r["seconds"], float) for r in c.values())
