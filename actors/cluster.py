@@ -84,3 +84,15 @@ def cluster_shape(address: str) -> tuple[float, float, float]:
     finally:
         ray.shutdown()
     return have.get("CPU", 0.0), have.get("GPU", 0.0), node_gpus
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a job scheduler, ``ray job stop``) stops the driver like Ctrl-C, so its cleanup runs
+    (actors shut down, a running fine-tune task cancelled) instead of the process aborting and leaving its Ray
+    work running. Call it after ``ray.init``: Ray installs its own handler there, which aborts the process."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)

@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 
-from actors.cluster import connect
+from actors.cluster import connect, stop_on_sigterm
 from actors.train_setup import (
     STATUS_INTERVAL_S,
     Actors,
@@ -115,7 +115,8 @@ def _merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 class Run:
     """One training run (fresh or resumed) and its driver-side state."""
 
-    def __init__(self, cfg: DreamGymConfig, run_dir: Path, state: TrainState, resumed_from: Path | None) -> None:
+    def __init__(self, cfg: DreamGymConfig, run_dir: Path, state: TrainState, resumed_from: Path | None,
+                 stop_on_sigterm: bool = False) -> None:
         self.cfg = cfg
         self.schedule = Schedule.from_config(cfg.train)
         self.run_dir = run_dir
@@ -128,6 +129,7 @@ class Run:
         self.t_session = time.time()
         self.eval_tasks: list[Task] = [Task.from_dict(d) for d in state.eval_tasks]
         self.guard = SimulatorGuard(cfg.train.guard)
+        self.stop_on_sigterm = stop_on_sigterm
 
     # -- helpers ---------------------------------------------------------------------------------------
     def say(self, text: str, phase: str = "setup") -> None:
@@ -411,6 +413,8 @@ class Run:
         cfg, st = self.cfg, self.state
         st.sessions += 1
         where = connect(cfg.ray)
+        if self.stop_on_sigterm:
+            stop_on_sigterm()
         self.say(f"run directory {self.run_dir} ({where}); mode {cfg.train.mode}, "
                  f"{'resuming at iteration ' + str(st.iteration) if self.resumed_from else 'fresh start'}")
         self.sinks = MetricSinks(self.run_dir, cfg.train.report.tensorboard, cfg.model_dump(mode="json"),
@@ -519,10 +523,11 @@ def prepare_run(cfg: DreamGymConfig | None, resume: str | Path | None,
 
 
 def run_train(cfg: DreamGymConfig | None = None, resume: str | Path | None = None,
-              overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run (or resume) training; returns the summary. Writes the report at the end."""
+              overrides: list[str] | None = None, stop_on_sigterm: bool = False) -> dict[str, Any]:
+    """Run (or resume) training; returns the summary. Writes the report at the end. ``stop_on_sigterm``
+    (the CLI): SIGTERM stops the run like Ctrl-C (``actors.cluster.stop_on_sigterm``)."""
     cfg, run_dir, state, ckpt = prepare_run(cfg, resume, overrides)
-    run = Run(cfg, run_dir, state, ckpt)
+    run = Run(cfg, run_dir, state, ckpt, stop_on_sigterm)
     try:
         summary = run.execute()
     finally:

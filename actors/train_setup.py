@@ -36,7 +36,7 @@ import ray
 from actors.cluster import close_actors
 from actors.files import check_shared_run_dir, ship_file
 from dreamgym.config import DreamGymConfig
-from dreamgym.errors import ConfigError
+from dreamgym.errors import ConfigError, TrainingFaultError
 from dreamgym.placement import CURRICULUM_CPUS, PlacementPlan, plan_placement
 from dreamgym.schedule import Schedule
 from dreamgym.types import Transition
@@ -209,10 +209,23 @@ def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Calla
                                                      runtime_env={"env_vars": env_vars})
     ref = task.remote(c.model_dump(mode="json"), str(offline), str(out))
     progress, total, t0 = run_dir / "experience_sft.jsonl", c.experience_model.train.max_steps, time.perf_counter()
-    # Minutes of CPU work: one status line per interval from the task's own progress file.
-    while not ray.wait([ref], timeout=STATUS_INTERVAL_S)[0]:
-        log(_sft_status(progress, total, time.perf_counter() - t0))
-    s = ray.get(ref)
+    bound = c.experience_model.train.stall_timeout_s
+    size, changed = -1, time.monotonic()
+    try:
+        # Minutes of CPU work: one status line per interval from the task's own progress file.
+        while not ray.wait([ref], timeout=STATUS_INTERVAL_S)[0]:
+            now_size = progress.stat().st_size if progress.is_file() else 0
+            if now_size != size:
+                size, changed = now_size, time.monotonic()
+            elif time.monotonic() - changed > bound:
+                raise TrainingFaultError(
+                    f"the experience-model fine-tune made no progress for {bound:.0f} s "
+                    f"(experience_model.train.stall_timeout_s; progress in {progress}): stopped it")
+            log(_sft_status(progress, total, time.perf_counter() - t0))
+        s = ray.get(ref)
+    except BaseException:
+        ray.cancel(ref, force=True)  # an interrupted or stalled run must not leave the task training on
+        raise
     log(f"experience model fine-tuned on {s['examples']} offline transitions ({s['steps']} steps, loss "
         f"{s['loss_first']:.3f} -> {s['loss_last']:.3f}) in {s['train_seconds']:.0f} s")
     return out

@@ -628,6 +628,9 @@ class ExperienceTrainConfig(Section):
     trained as not done. ``None``: take ``done`` labels as they are."""
     log_every: int = Field(default=10, ge=1)
     """Log the loss every this many steps."""
+    stall_timeout_s: float = Field(default=3600.0, gt=0)
+    """``dreamgym train``: the fine-tune (a Ray task) is stopped and the run fails when its progress file has not
+    grown for this long (a hung task, a lost node). Minutes per step are normal on a loaded CPU."""
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
     """Matmul precision of the forward/backward pass (``bf16``: autocast, about twice as fast on CPUs with
     AVX512-BF16/AMX and ~15x slower where bf16 is emulated; master weights and the optimizer stay fp32).

@@ -200,3 +200,43 @@ def test_a_policy_engine_killed_stops_the_run_with_a_resumable_message(ray_clust
     assert "dreamgym train --resume" in str(e.value)
     records = _read_metrics(next(tmp_path.glob("t-train-*")))
     assert [r for r in records if r["event"] == "fault"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.ray
+@pytest.mark.engine
+def test_sigterm_stops_the_run_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    """``kill <driver>`` (SIGTERM: a scheduler, ``ray job stop``) during training: the driver cleans up like
+    Ctrl-C (exit 130) and every process it started (Ray, engines, workers, Java games) is gone."""
+    import subprocess
+    import sys
+
+    import psutil
+    import yaml
+
+    cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
+                      train={"mode": "real", "iterations": 20, "warm_start": {"method": "none"},
+                             "eval": {"enabled": False}, "checkpoint_every": 1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    log = (tmp_path / "train.log").open("w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "dreamgym"), "train", str(tmp_path / "cfg.yaml")],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 900
+        while not list((tmp_path / "runs").glob("t-train-*/checkpoints/step-000001/driver.json")):
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "train.log").read_text()[-3000:]
+            time.sleep(1)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert any("ray::" in " ".join(p.cmdline()) for p in started if p.is_running())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=180) == 130, (tmp_path / "train.log").read_text()[-3000:]
+        _, alive = psutil.wait_procs(started, timeout=60)
+        assert not alive, [(p.pid, p.cmdline()[:3]) for p in alive]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

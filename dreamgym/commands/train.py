@@ -30,7 +30,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from actors.driver import run_train
 
     try:
-        s = run_train(cfg, resume=args.resume, overrides=overrides if args.resume else None)
+        s = run_train(cfg, resume=args.resume, overrides=overrides if args.resume else None, stop_on_sigterm=True)
     except Exception as e:  # an actor's error (e.g. the environment server died): its message, not Ray's traceback
         cause = unwrap_actor_error(e)
         if cause is e:
