@@ -118,11 +118,18 @@ def user_prompt(
         for k, (action, seen) in enumerate(recent):
             lines.append(f"{first + k}. > {action}\n{_cut(seen, observation_max_chars // 3)}")
     lines.append(f"Observation:\n{_cut(obs.state or obs.text, observation_max_chars)}")
-    actions = obs.admissible_actions
+    return _ask("\n".join(lines), obs.admissible_actions, max_admissible)
+
+
+def _ask(head: str, actions: Sequence[str] | None, max_admissible: int) -> str:
+    """``head``, then this state's admissible actions (at most ``max_admissible``) and the question."""
+    lines = [head]
     if actions and max_admissible > 0:
         shown = actions[:max_admissible]
         more = f" (and {len(actions) - len(shown)} more)" if len(actions) > len(shown) else ""
         lines.append("Admissible actions: " + ", ".join(shown) + more)
+    # Every turn ends with the question the worked example ends with: without it SmolLM2-135M reads a chat turn
+    # as text to continue and answers with more room description (0 of 4 coin episodes solved, 83% unparsable).
     lines.append("What is your next command?")
     return "\n".join(lines)
 
@@ -139,15 +146,7 @@ def turn_prompt(turn: AgentTurn, max_admissible: int = 40, observation_max_chars
     # actions, question), which a small model copies far more reliably than a shape seen once.
     lines = [f"Task: {instruction.strip()}" if instruction else "Task: (see the observation)",
              f"Observation:\n{_cut(obs.state or obs.text, observation_max_chars)}"]
-    actions = obs.admissible_actions
-    if actions and max_admissible > 0:
-        shown = actions[:max_admissible]
-        more = f" (and {len(actions) - len(shown)} more)" if len(actions) > len(shown) else ""
-        lines.append("Admissible actions: " + ", ".join(shown) + more)
-    # The question the first turn (and the worked example) ends with: without it SmolLM2-135M reads the turn as
-    # text to continue and answers with more room description (0 of 4 coin episodes solved, 83% unparsable).
-    lines.append("What is your next command?")
-    return "\n".join(lines)
+    return _ask("\n".join(lines), obs.admissible_actions, max_admissible)
 
 
 #: environment family -> one worked example: (user prompt of an earlier decision, the reply to it).

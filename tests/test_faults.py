@@ -108,6 +108,21 @@ def test_the_guard_stops_training_when_the_simulator_goes_bad(ray_cluster, tmp_p
     assert driver["iteration"] == 1  # the run resumes from the last good iteration
 
 
+def _worker(tmp_path: Path) -> Any:
+    """Rollout worker 0 of the run under ``tmp_path`` (named ``rollout-<run>-<driver pid>-<i>``)."""
+    import ray
+
+    run = next(tmp_path.glob("t-train-*"))
+    return ray.get_actor(f"rollout-{run.name}-{os.getpid()}-0")
+
+
+def _running_real_episodes(tmp_path: Path) -> bool:
+    import ray
+
+    p = ray.get(_worker(tmp_path).progress.remote(), timeout=10)
+    return p["running"] and p["phase"] == "real" and p["steps"] >= 1
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.engine
@@ -124,16 +139,8 @@ def test_a_rollout_worker_killed_mid_iteration(case: str, ray_cluster, tmp_path:
     workers, retries = (1, 1) if case == "rerun" else (2, 0)
     killed: dict[str, Any] = {}
 
-    def worker() -> Any:
-        run = next(tmp_path.glob("t-train-*"))
-        return ray.get_actor(f"rollout-{run.name}-{os.getpid()}-0")
-
-    def running_real_episodes() -> bool:
-        p = ray.get(worker().progress.remote(), timeout=10)
-        return p["running"] and p["phase"] == "real" and p["steps"] >= 1
-
     def kill() -> None:  # ``progress`` answers while ``run`` holds the worker (``ready`` would wait for it)
-        killed.update(ray.get(worker().progress.remote(), timeout=10))
+        killed.update(ray.get(_worker(tmp_path).progress.remote(), timeout=10))
         os.kill(killed["pid"], signal.SIGKILL)
 
     cfg = validate_config(tiny_config(
@@ -141,7 +148,7 @@ def test_a_rollout_worker_killed_mid_iteration(case: str, ray_cluster, tmp_path:
                          "eval": {"enabled": False}, "checkpoint_every": 0,
                          "rollout": {"workers": workers, "retries": retries, "envs_per_worker": 3,
                                      "num_cpus": 0.1}}))
-    watcher = _when(running_real_episodes, kill)
+    watcher = _when(lambda: _running_real_episodes(tmp_path), kill)
     s = run_train(cfg)
     assert killed, f"the worker was never seen running real episodes: {getattr(watcher, 'error', None)!r}"
     assert s["iterations"] == 2
@@ -167,18 +174,9 @@ def test_a_policy_engine_killed_stops_the_run_with_a_resumable_message(ray_clust
     """``kill -9`` of the policy engine while a worker samples from it: the run stops with one message that says
     which part died and how to resume (a restarted engine would serve other weights than the learner's)."""
     import psutil
-    import ray
 
     from actors.driver import run_train
     from dreamgym.errors import TrainingFaultError
-
-    def worker() -> Any:
-        run = next(tmp_path.glob("t-train-*"))
-        return ray.get_actor(f"rollout-{run.name}-{os.getpid()}-0")
-
-    def running_real_episodes() -> bool:
-        p = ray.get(worker().progress.remote(), timeout=10)
-        return p["running"] and p["phase"] == "real" and p["steps"] >= 1
 
     def kill_engine() -> None:
         engines = [p for p in psutil.process_iter(["cmdline"])
@@ -191,7 +189,7 @@ def test_a_policy_engine_killed_stops_the_run_with_a_resumable_message(ray_clust
         tmp_path, train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
                          "eval": {"enabled": False}, "checkpoint_every": 1}))
     killed: list[int] = []
-    watcher = _when(running_real_episodes, kill_engine)
+    watcher = _when(lambda: _running_real_episodes(tmp_path), kill_engine)
     with pytest.raises(TrainingFaultError, match="lost an actor it was calling") as e:
         try:
             run_train(cfg)
