@@ -179,8 +179,9 @@ def test_a_policy_engine_killed_stops_the_run_with_a_resumable_message(ray_clust
     from dreamgym.errors import TrainingFaultError
 
     def kill_engine() -> None:
-        engines = [p for p in psutil.process_iter(["cmdline"])
-                   if "ray::PolicyEngine" in " ".join(p.info["cmdline"] or [])]
+        # only this test's Ray (started by this process): another run on the machine has engines too
+        engines = [p for p in psutil.Process().children(recursive=True)
+                   if "ray::PolicyEngine" in " ".join(p.cmdline())]
         assert len(engines) == 1, [p.info["cmdline"] for p in engines]
         killed.append(engines[0].pid)
         engines[0].kill()
