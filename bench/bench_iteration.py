@@ -233,11 +233,17 @@ def main() -> None:
             print(f"run directories kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    path = Path(args.out) if args.out else REPO / "bench" / "results" / (
-        f"iteration-{socket.gethostname()}-{dt.date.today().isoformat()}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(out, "iteration", args.out)
+
+
+def write_result(out: dict[str, Any], name: str, path: str | None = None) -> Path:
+    """Print ``out`` as JSON and write it to ``path`` (default ``bench/results/<name>-<host>-<date>.json``)."""
+    target = Path(path) if path else REPO / "bench" / "results" / (
+        f"{name}-{socket.gethostname()}-{dt.date.today().isoformat()}.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
+    return target
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
+
+from bench_iteration import write_result
 
 
 def learner_tokens(trajectories: list[Any]) -> dict[str, float]:
@@ -112,11 +113,7 @@ def main() -> None:
     if "windowed" in by and "chat" in by and by["chat"]["learner_tokens_per_action"]:
         w, c = by["windowed"]["learner_tokens_per_action"], by["chat"]["learner_tokens_per_action"]
         out["tokens_per_action_ratio"] = w / c
-    path = Path(args.out) if args.out else Path(__file__).parent / "results" / (
-        f"prompt-style-{socket.gethostname()}-{dt.date.today().isoformat()}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
+    write_result(out, "prompt-style", args.out)
 
 
 if __name__ == "__main__":

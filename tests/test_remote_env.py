@@ -56,12 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert "serving twx:coin on " + url in log.read_text()
         yield url
     finally:
-        proc.terminate()  # this process only
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_server(proc)
 
 
 @pytest.fixture
@@ -229,3 +224,13 @@ def test_parallel_clients_each_get_their_own_engine(server: str) -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(play, [10, 20]))
     assert results == [[True] * 3, [True] * 3]
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """End a served environment started by a test: this process only, killed if it does not stop in 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)

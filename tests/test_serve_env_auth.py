@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from test_remote_env import DREAMGYM, HOST, free_port
+from test_remote_env import DREAMGYM, HOST, free_port, stop_server
 
 from dreamgym.cli import build_parser
 from dreamgym.config import EnvConfig
@@ -53,12 +53,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert TOKEN not in text
         yield url
     finally:
-        proc.terminate()  # this process only
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_server(proc)
 
 
 def test_requests_without_the_token_get_401(guarded: str) -> None:
