@@ -37,7 +37,7 @@ from actors.train_setup import (
     warm_start,
 )
 from dreamgym.config import DreamGymConfig, load_config, save_config
-from dreamgym.errors import ConfigError, DreamGymError, TrainingFaultError
+from dreamgym.errors import ConfigError, TrainingFaultError
 from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
 from dreamgym.progress import MetricSinks, Progress
 from dreamgym.rollout import (
@@ -177,9 +177,7 @@ class Run:
                 pending.remove(c)
                 try:
                     results.append(ray.get(c.ref))
-                except ray.exceptions.RayTaskError as e:
-                    if isinstance(e.cause, DreamGymError):  # the user's to fix: its message, not a remote traceback
-                        raise e.cause from None
+                except ray.exceptions.RayTaskError as e:  # a DreamGymError inside: the CLI unwraps it
                     if isinstance(e.cause, ray.exceptions.RayActorError):  # an actor the worker called died
                         raise self.fault(f"rollout worker {c.worker} lost an actor it was calling (a policy engine "
                                          f"or an experience-model replica) during {c.phase} episodes: "
@@ -219,9 +217,7 @@ class Run:
             return ray.get(ref)
         except ray.exceptions.RayActorError as e:
             raise self.fault(f"{what} failed: the learner actor died ({type(e).__name__})") from None
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, DreamGymError):
-                raise e.cause from None
+        except ray.exceptions.RayTaskError as e:  # a DreamGymError inside: the CLI unwraps it
             if isinstance(e.cause, ray.exceptions.RayActorError):
                 raise self.fault(f"{what} failed: an actor it called died ({type(e.cause).__name__})") from None
             raise  # a bug, not a fault: its traceback is what a maintainer needs
