@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 from dreamgym.config import RayConfig
@@ -57,6 +58,21 @@ def close_actors(actors: list[Any], timeout_s: float = 30.0) -> None:
             ray.get(ref, timeout=0)
     for a in actors:
         ray.kill(a)
+
+
+def wait_names_free(names: list[str], timeout_s: float = 30.0) -> None:
+    """Until no live actor holds any of ``names`` (``ray.kill`` frees a name a moment later), within
+    ``timeout_s``; a name still held then makes the next ``options(name=...)`` fail with Ray's own message."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.2)
 
 
 def unwrap_actor_error(e: BaseException) -> BaseException:

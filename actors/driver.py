@@ -15,6 +15,7 @@ iteration log and checkpoints ``dreamgym.train_state``; the report ``dreamgym.re
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from dreamgym.rollout import (
     RolloutStats,
     group_stats,
     group_trajectories,
-    is_valid,
+    learnable_part,
     repeat_tasks,
     split_stale,
 )
@@ -116,8 +117,9 @@ class Run:
     """One training run (fresh or resumed) and its driver-side state."""
 
     def __init__(self, cfg: DreamGymConfig, run_dir: Path, state: TrainState, resumed_from: Path | None,
-                 stop_on_sigterm: bool = False) -> None:
+                 stop_on_sigterm: bool = False, after_fault: str | None = None) -> None:
         self.cfg = cfg
+        self.after_fault = after_fault  # this session resumes the run by itself after that fault
         self.schedule = Schedule.from_config(cfg.train)
         self.run_dir = run_dir
         self.state = state
@@ -294,7 +296,7 @@ class Run:
     def checkpoint(self) -> None:
         t0 = time.perf_counter()
         d = checkpoint_dir(self.run_dir, self.state.iteration)
-        ray.get(self.a.learner.save_checkpoint.remote(str(d)))
+        self.remote(self.a.learner.save_checkpoint.remote(str(d)), f"the checkpoint {d.name}")
         self.state.wall_seconds += time.time() - self.t_session
         self.t_session = time.time()
         save_driver_state(d, self.state, ray.get(self.a.curriculum.state_dict.remote()))
@@ -329,7 +331,8 @@ class Run:
             self.guard_simulator(log)
         nxt = self.launch(launched.iteration + 1) if self.overlaps_next(launched.iteration + 1) else None
         with log.timed("replay"):
-            added = self.a.replay.add([tr for t in trajs if is_valid(t) for tr in t.transitions],
+            kept = [learnable_part(t, self.cfg.train.invalid_episodes) for t in trajs]
+            added = self.a.replay.add([tr for t in kept if t is not None for tr in t.transitions],
                                       iteration=launched.iteration)
         with log.timed("learner"):
             lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
@@ -380,8 +383,9 @@ class Run:
             st.invalid_transitions += int(s["invalid_transitions"])
         st.real_resets = max(st.real_resets, int(s["real_resets"]))
         self.progress.rollouts(launched.iteration + 1, phase, s, st.real_transitions, self.cfg.train.real_budget)
-        groups, left_out = group_trajectories(trajs, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2)
-        version = int(ray.get(self.a.learner.version.remote()))
+        groups, left_out = group_trajectories(trajs, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2,
+                                              invalid_episodes=self.cfg.train.invalid_episodes)
+        version = int(self.remote(self.a.learner.version.remote(), "asking the learner its weight version"))
         fresh, stale = split_stale(groups, version, self.cfg.train.max_staleness)
         log.note(phase=phase, rollout=s, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
                  rollout_seconds=log.seconds[phase], skipped_llm_tasks=launched.skipped_llm_tasks,
@@ -415,6 +419,10 @@ class Run:
                  f"{'resuming at iteration ' + str(st.iteration) if self.resumed_from else 'fresh start'}")
         self.sinks = MetricSinks(self.run_dir, cfg.train.report.tensorboard, cfg.model_dump(mode="json"),
                                  resume=self.resumed_from is not None)
+        if self.after_fault is not None:
+            self.say(f"automatic resume (train.auto_resume) after: {self.after_fault}", "resume")
+            self.record("auto_resume", st.iteration, after=self.after_fault, sessions=st.sessions,
+                        checkpoint=str(self.resumed_from) if self.resumed_from else None)
         check_resources(cfg)  # before any work: a run that cannot place its actors fails now
         check_run_dir(cfg, self.run_dir, self.say)  # and one whose run directory some node cannot see
         t0 = time.perf_counter()
@@ -523,11 +531,21 @@ def run_train(cfg: DreamGymConfig | None = None, resume: str | Path | None = Non
     """Run (or resume) training; returns the summary. Writes the report at the end. ``stop_on_sigterm``
     (the CLI): SIGTERM stops the run like Ctrl-C (``actors.cluster.stop_on_sigterm``)."""
     cfg, run_dir, state, ckpt = prepare_run(cfg, resume, overrides)
-    run = Run(cfg, run_dir, state, ckpt, stop_on_sigterm)
-    try:
-        summary = run.execute()
-    finally:
-        run.close()
+    fault: str | None = None
+    for attempt in itertools.count():
+        run = Run(cfg, run_dir, state, ckpt, stop_on_sigterm, after_fault=fault)
+        try:
+            summary = run.execute()
+            break
+        except TrainingFaultError as e:
+            # Something died beyond its own restarts (learner, engine, worker): every actor starts again from
+            # the last checkpoint; the replay buffer reopens its storage with what it acknowledged.
+            if attempt >= cfg.train.auto_resume:
+                raise
+            fault = str(e)
+        finally:
+            run.close()
+        cfg, run_dir, state, ckpt = prepare_run(None, run_dir)
     if cfg.train.report.markdown:
         from dreamgym.report import write_report
 

@@ -118,6 +118,9 @@ class ShardedReplayBuffer:
         buf.info()  # surfaces constructor errors (locked folder, wrong layout) now
         return buf
 
+    def _get(self, refs: Any) -> Any:
+        return _get(refs, self.cfg.call_timeout_s)
+
     # -- writes ----------------------------------------------------------------------------------
     def add(self, transitions: Sequence[Transition], vectors: np.ndarray | None = None, *, iteration: int = -1,
             policy_version: int | None = None) -> AddResult:
@@ -140,7 +143,7 @@ class ShardedReplayBuffer:
             vecs = None if vectors is None else np.asarray(vectors)[idx]
             refs.append(self.shards[s].add.remote([transitions[i] for i in idx], vecs, iteration, policy_version,
                                                   [ids[i] for i in idx]))
-        return PendingAdd(refs)
+        return PendingAdd(refs, self.cfg.call_timeout_s)
 
     def add_trajectory(self, trajectory: Trajectory, iteration: int = -1) -> AddResult:
         return self.add(trajectory.transitions, iteration=iteration, policy_version=trajectory.weight_version)
@@ -170,13 +173,13 @@ class ShardedReplayBuffer:
 
     def _fan_out(self, vec_ref: Any, k: int | None, filters: Filters | None, n: int) -> list[list[Demonstration]]:
         k = k or self.cfg.k
-        per_shard = _get([s.search.remote(vec_ref, k, filters) for s in self.shards])
+        per_shard = self._get([s.search.remote(vec_ref, k, filters) for s in self.shards])
         # The same total order as one unsharded buffer, so the merged top-k equals its top-k.
         return [rank(chain.from_iterable(res[q] for res in per_shard), k) for q in range(n)]
 
     # -- reading -------------------------------------------------------------------------------
     def counts(self) -> dict[str, Any]:
-        per = _get([s.counts.remote() for s in self.shards])
+        per = self._get([s.counts.remote() for s in self.shards])
         total = {key: sum(c[key] for c in per) for key in per[0]}
         return {**total, "per_shard": per}
 
@@ -184,7 +187,7 @@ class ShardedReplayBuffer:
         return int(self.counts()["total"])
 
     def info(self) -> list[dict[str, Any]]:
-        return _get([s.info.remote() for s in self.shards])
+        return self._get([s.info.remote() for s in self.shards])
 
     def iter_transitions(self, filters: Filters | None = None, batch_size: int = 1024) -> Iterator[Transition]:
         """Every stored transition, shard by shard, each in insertion order (bounded memory)."""
@@ -192,7 +195,7 @@ class ShardedReplayBuffer:
         for s in self.shards:
             after: int | None = None
             while True:
-                page, after = _get(s.page.remote(filters, after, batch_size))
+                page, after = self._get(s.page.remote(filters, after, batch_size))
                 if not page:
                     break
                 yield from page
@@ -220,7 +223,7 @@ class ShardedReplayBuffer:
     def close(self, kill: bool = True) -> None:
         """Close every shard's storage (flushing it) and, by default, end the actors."""
         try:
-            _get([s.close.remote() for s in self.shards])
+            self._get([s.close.remote() for s in self.shards])
         finally:
             if kill:
                 for s in self.shards:
@@ -230,20 +233,26 @@ class ShardedReplayBuffer:
 class PendingAdd:
     """A write sent to the shards; ``result()`` waits for every shard's acknowledgement and sums them."""
 
-    def __init__(self, refs: list[Any]) -> None:
+    def __init__(self, refs: list[Any], timeout_s: float | None = None) -> None:
         self.refs = refs
+        self.timeout_s = timeout_s
 
     def result(self) -> AddResult:
         total = AddResult()
-        for r in _get(self.refs):
+        for r in _get(self.refs, self.timeout_s):
             total += r
         return total
 
 
-def _get(refs: Any) -> Any:
-    """``ray.get`` that re-raises a shard's DreamGymError as itself (message without Ray's wrapping)."""
+def _get(refs: Any, timeout_s: float | None = None) -> Any:
+    """``ray.get`` that re-raises a shard's DreamGymError as itself (message without Ray's wrapping), and waits
+    at most ``timeout_s`` (``replay.call_timeout_s``: a killed shard's calls are retried once it is back)."""
     try:
-        return ray.get(refs)
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise ReplayError(
+            f"the replay shards did not answer within {timeout_s:.0f} s (replay.call_timeout_s): a shard that died "
+            "was not restarted in time, or its storage is stuck; see the ReplayShard actors' logs") from None
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if isinstance(getattr(e, "cause", None), DreamGymError) else None
         if cause is not None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 
-from actors.cluster import close_actors
+from actors.cluster import close_actors, wait_names_free
 from actors.files import check_shared_run_dir, ship_file
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError, TrainingFaultError
@@ -55,6 +55,8 @@ class Actors:
     """One learner actor's handle, or a ``LearnerGroup`` (``learner.data_parallel`` > 1) that answers like one."""
     curriculum: Any = None
     workers: list[Any] = field(default_factory=list)
+    worker_names: list[str] = field(default_factory=list)
+    """The workers' Ray names: a run that resumes itself in the same driver reuses them once they are free."""
     replay: Any = None
     placement_groups: dict[str, Any] = field(default_factory=dict)
     plan: PlacementPlan | None = None
@@ -68,6 +70,7 @@ class Actors:
                 self.replay.close()
         # Rollout workers and the curriculum hold environments (server-side ones for remote:*): close them first.
         close_actors([h for h in [*self.workers, self.curriculum] if h is not None])
+        wait_names_free(self.worker_names)
         from actors.learner_group import learner_handles
 
         for h in [*learner_handles(self.learner), *self.replicas, *self.engines]:
@@ -320,8 +323,10 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         a.curriculum = create_curriculum_actor(cfg, generator_factory=factory, state=curriculum_state,
                                                num_cpus=CURRICULUM_CPUS, offline_data=a.offline,
                                                use_env=Schedule.from_config(cfg.train).uses_real_training)
-        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, a.offline,
-                                           name_prefix=f"rollout-{run_dir.name}-{os.getpid()}", log=log)
+        prefix = f"rollout-{run_dir.name}-{os.getpid()}"
+        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, a.offline, name_prefix=prefix,
+                                           log=log)
+        a.worker_names = [f"{prefix}-{i}" for i in range(len(a.workers))]
     except BaseException:
         # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.
         a.shutdown()

@@ -478,6 +478,10 @@ class ReplayConfig(Section):
     max_restarts: int = Field(default=-1, ge=-1)
     """Ray restarts of a crashed shard actor (``-1``: unlimited). A restarted shard reopens its own
     storage and finds every transition it acknowledged."""
+    call_timeout_s: float = Field(default=300.0, gt=0)
+    """Bound on one call to the shards (a write's acknowledgement, a retrieval, a count), including the time a
+    killed shard takes to restart and reopen its storage (its calls are retried there). Past it the caller
+    gets a ``ReplayError`` naming the bound instead of waiting forever."""
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> ReplayConfig:
@@ -907,6 +911,18 @@ class TrainConfig(Section):
     colocate: bool = False
     """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
     GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
+    invalid_episodes: Literal["drop", "truncate"] = "truncate"
+    """A synthetic episode that an invalid transition ended (no usable experience-model reply within
+    ``experience_model.max_attempts``). ``truncate``: the learner and the replay buffer keep its valid prefix, as
+    an unsuccessful episode with the reward earned so far. ``drop``: it leaves the batch whole. Dropping is
+    biased toward success: in a default run every one of the 10 valid synthetic episodes succeeded (real
+    success ~70%) because the long, failing episodes met an invalid reply more often, so no GRPO group kept
+    reward variance and no synthetic learner step happened."""
+    auto_resume: int = Field(default=2, ge=0)
+    """How many times a run resumes itself from its last checkpoint after a fault (the learner or a policy
+    engine died, a rollout worker spent its restarts): every actor is started again, the replay buffer reopens
+    its storage with every acknowledged transition, and the iterations after the checkpoint run again.
+    0: stop with a message that says how to resume by hand."""
     guard: GuardConfig = Field(default_factory=GuardConfig)
     """The simulator guard: invalid-reply and reward-rate thresholds over a window of synthetic iterations."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

@@ -31,8 +31,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
 from dreamgym.envs.base import Environment
 from dreamgym.types import ActionSample, AgentTurn, Group, Observation, Task, Trajectory, Transition
@@ -281,18 +281,44 @@ def _finish(run: _Running, success: bool) -> Trajectory:
     return traj
 
 
+#: ``train.invalid_episodes``: what becomes of an episode an invalid synthetic transition ended.
+InvalidEpisodes = Literal["drop", "truncate"]
+
+
 def is_valid(traj: Trajectory) -> bool:
     """False when an invalid synthetic transition ended the episode."""
     return all(t.valid for t in traj.transitions)
 
 
-def group_trajectories(trajectories: Sequence[Trajectory], min_size: int = 2) -> tuple[list[Group], int]:
-    """GRPO groups: the valid trajectories of each task (first-seen task order). Groups with fewer than
-    ``min_size`` valid members are dropped. Returns the groups and how many trajectories were left out."""
+def learnable_part(traj: Trajectory, invalid_episodes: InvalidEpisodes = "drop") -> Trajectory | None:
+    """What the learner and the replay buffer may take of an episode (``train.invalid_episodes``).
+
+    An invalid synthetic transition (the experience model gave no usable reply within its attempts) ends the
+    episode. ``drop``: the episode leaves the batch. ``truncate``: its valid prefix stays, as an episode that
+    ended unsuccessfully with the reward it had earned; an episode invalid on its first step leaves. Dropping
+    is biased: long episodes (most of them failures) meet an invalid reply more often, so the valid ones that
+    remain are mostly successes and GRPO groups lose their reward variance."""
+    if is_valid(traj):
+        return traj
+    if invalid_episodes == "drop":
+        return None
+    cut = next(i for i, t in enumerate(traj.transitions) if not t.valid)
+    if cut == 0:
+        return None
+    kept = traj.transitions[:cut]
+    return replace(traj, transitions=kept, success=False, total_reward=float(sum(t.reward for t in kept)))
+
+
+def group_trajectories(trajectories: Sequence[Trajectory], min_size: int = 2,
+                       invalid_episodes: InvalidEpisodes = "drop") -> tuple[list[Group], int]:
+    """GRPO groups: the learnable part (``learnable_part``) of each task's trajectories (first-seen task order).
+    Groups with fewer than ``min_size`` members are dropped. Returns the groups and how many trajectories were
+    left out."""
     by_task: dict[str, Group] = {}
     dropped = 0
-    for traj in trajectories:
-        if not is_valid(traj):
+    for whole in trajectories:
+        traj = learnable_part(whole, invalid_episodes)
+        if traj is None:
             dropped += 1
             continue
         by_task.setdefault(traj.task.task_id, Group(task=traj.task, trajectories=[])).trajectories.append(traj)

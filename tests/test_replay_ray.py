@@ -111,6 +111,22 @@ def test_killed_shard_comes_back_with_everything_it_acknowledged(sharded, twx_da
     assert buf.add(ts[80:100], vecs[80:100]).stored == 20
 
 
+def test_a_shard_call_past_its_bound_is_a_clear_replay_error(sharded, twx_data):
+    """Every wait on the shards is bounded by ``replay.call_timeout_s``: a write whose acknowledgement does not
+    come in time (here a bound shorter than any write) ends in one line that names the field, not a hang."""
+    from dreamgym.errors import ReplayError
+
+    ts, vecs = twx_data
+    buf = sharded("bound")
+    buf.cfg = buf.cfg.model_copy(update={"call_timeout_s": 1e-4})
+    with pytest.raises(ReplayError, match=r"did not answer within 0 s \(replay\.call_timeout_s\)"):
+        buf.add(ts, vecs)
+    with pytest.raises(ReplayError, match=r"replay\.call_timeout_s"):
+        buf.retrieve_batch([(t.state, t.action) for t in ts])
+    buf.cfg = buf.cfg.model_copy(update={"call_timeout_s": 300.0})
+    assert len(buf) == len({point_id(t) for t in ts})  # the bounded write still landed, once
+
+
 def test_sharded_snapshot_restores_into_any_layout(sharded, make_buffer, twx_data, tmp_path):
     ts, vecs = twx_data
     src = sharded("src")

@@ -123,3 +123,28 @@ def test_synthetic_rollouts_and_invalid_transitions(coin_envs) -> None:
     assert all(len(t.transitions) == 1 and not t.transitions[0].valid for t in trajs)
     groups, dropped = group_trajectories(trajs)
     assert groups == [] and dropped == 4
+    assert group_trajectories(trajs, invalid_episodes="truncate") == ([], 4)  # nothing valid to keep
+
+
+def test_an_episode_an_invalid_transition_ended_is_truncated_or_dropped(coin_envs) -> None:
+    """``train.invalid_episodes``: ``truncate`` keeps the valid prefix as an unsuccessful episode with the reward
+    earned so far (a long, failing episode stays in its group); ``drop`` leaves the episode out."""
+    from dataclasses import replace
+
+    from dreamgym.rollout import learnable_part
+
+    real = coin_envs[0]
+    tasks = real.tasks(1, first=0, split="train")
+    trajs, _ = run_episodes([real], tasks * 6, random_valid_act(3))
+    long = next(t for t in trajs if len(t.transitions) >= 3)
+    steps = [replace(tr, reward=0.5) for tr in long.transitions[:2]]
+    steps.append(replace(long.transitions[2], valid=False, done=True))
+    broken = replace(long, transitions=steps, success=True, total_reward=9.0)
+    assert learnable_part(broken, "drop") is None
+    cut = learnable_part(broken, "truncate")
+    assert cut is not None and cut.transitions == steps[:2] and not cut.success and cut.total_reward == 1.0
+    assert learnable_part(long, "truncate") is long  # a valid episode is left as it is
+    others = [t for t in trajs if t is not long]
+    groups, left_out = group_trajectories([broken, *others], invalid_episodes="truncate")
+    assert left_out == 0 and len(groups[0].trajectories) == 6 and 1.0 in groups[0].rewards
+    assert group_trajectories([broken, *others])[1] == 1
