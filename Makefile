@@ -18,7 +18,7 @@ run: install
 test: install
 	$(VENV)/ruff check .
 	$(VENV)/lint-imports
-	$(VENV)/python -m pytest -q
+	$(VENV)/python -m pytest -q --durations=30
 
 # The inner loop (under 2 minutes on 2 CPUs): no Ray cluster, no vLLM engine, nothing marked slow. The
 # markers are in pyproject.toml; tests/conftest.py fails a test of this run that starts Ray or vLLM anyway.

@@ -1,0 +1,227 @@
+"""A soak run: ``dreamgym train`` for a fixed wall time while its actors are killed one after another.
+
+Starts ``dreamgym train`` (the packaged default config unless ``--config``; extra ``--section.field VALUE``
+overrides after ``--``) as a subprocess in its own session, with enough iterations to outlast the soak. Once
+the run's first evaluation has ended, every ``--kill-every`` seconds it sends SIGKILL to the next actor process
+of the cycle rollout worker -> experience-model replica -> replay shard -> policy engine (found among the run's
+own descendants, as ``kill -9`` would; a role without a live process is skipped and noted). Every
+``--sample-every`` seconds it records the resident memory of each process group: each Ray actor with its child
+processes (vLLM engine cores, the TextWorldExpress JVM), the driver, Ray's own daemons and idle workers. After
+``--minutes`` the run gets SIGTERM (it stops like Ctrl-C) and the benchmark reads its ``metrics.jsonl``:
+iterations completed, transitions the replay buffer acknowledged, invalid synthetic transitions, the faults
+and automatic resumes, rollout workers lost; and the memory of each group over time, with the growth of the
+whole tree from the first to the last tenth of the soak (after training began).
+
+    .venv/bin/python bench/soak.py [--minutes 30] [--kill-every 300] [--config FILE] [-- --train.x y ...]
+
+Prints the JSON and writes it to ``bench/results/soak-<host>-<date>.json``; the run directory stays under
+``runs/soak/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from bench_iteration import REPO, write_result
+
+#: The kill cycle: the Ray actor class names of the parts a fault may take out.
+KILL_CYCLE = ("RolloutWorker", "ExperienceModelReplica", "ReplayShard", "PolicyEngine")
+
+#: Overrides that make the default run outlast the soak: many iterations, half of them in synthesis (so the
+#: experience-model replicas live), no real-transition budget, resumes enough for an engine kill each cycle.
+SOAK_OVERRIDES = ["--train.iterations", "400", "--train.synthetic_iterations", "200", "--train.real_budget",
+                  "1000000", "--train.auto_resume", "50", "--run.name", "soak"]
+
+
+def actor_name(p: psutil.Process) -> str | None:
+    """``RolloutWorker`` for a process titled ``ray::RolloutWorker.run`` (Ray names actor processes so)."""
+    try:
+        cmd = " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    if not cmd.startswith("ray::"):
+        return None
+    return cmd[len("ray::"):].split()[0].split(".")[0]
+
+
+def memory_groups(root: psutil.Process) -> dict[str, float]:
+    """Resident MiB per group: each named Ray actor class (summed over its processes and their children), the
+    driver, ``ray-idle`` workers and ``ray-system`` (raylet, GCS and the rest)."""
+    groups: dict[str, float] = {}
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return groups
+    owner: dict[int, str] = {root.pid: "driver"}
+    for p in procs[1:]:  # parents come before their children in psutil's order
+        name = actor_name(p)
+        try:
+            parent = p.ppid()
+        except psutil.NoSuchProcess:
+            continue
+        if name and name != "IDLE":
+            owner[p.pid] = name
+        elif name == "IDLE":
+            owner[p.pid] = "ray-idle"
+        elif owner.get(parent, "ray-system") not in ("driver", "ray-system", "ray-idle"):
+            owner[p.pid] = owner[parent]  # a child of an actor (vLLM engine core, JVM) counts with it
+        else:
+            owner[p.pid] = "ray-system"
+    for p in procs:
+        try:
+            rss = p.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            continue
+        key = owner.get(p.pid, "ray-system")
+        groups[key] = groups.get(key, 0.0) + rss
+    return {k: round(v, 1) for k, v in sorted(groups.items())}
+
+
+def kill_one(root: psutil.Process, role: str) -> dict[str, Any]:
+    """SIGKILL the oldest live ``ray::<role>`` process under ``root``."""
+    found = [p for p in root.children(recursive=True) if actor_name(p) == role]
+    if not found:
+        return {"role": role, "killed": False, "why": "no live process"}
+    victim = min(found, key=lambda p: p.create_time())
+    victim.kill()
+    return {"role": role, "killed": True, "pid": victim.pid, "alive_of_role": len(found)}
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run did, from its own records (an iteration that ran twice after a resume counts twice)."""
+    iters = [r for r in records if r["event"] == "iteration"]
+    seeded = sum(int(r.get("stored", 0)) for r in records if r["event"] == "replay_seed")
+    stored = sum(int(r.get("replay", {}).get("stored", 0)) for r in iters)
+    invalid = sum(int(r.get("rollout", {}).get("invalid_transitions", 0)) for r in iters)
+    synthetic_steps = sum(int(r.get("rollout", {}).get("steps", 0)) for r in iters if r.get("phase") == "synthetic")
+    return {
+        "iterations_recorded": len(iters),
+        "last_iteration": max((int(r["iteration"]) for r in iters), default=0),
+        "iterations_by_phase": {p: sum(1 for r in iters if r.get("phase") == p) for p in ("synthetic", "real")},
+        "learner_steps": sum(1 for r in iters if not r.get("learner", {}).get("skipped")),
+        "replay_seeded": seeded,
+        "replay_stored_by_iterations": stored,
+        "synthetic_transitions": synthetic_steps,
+        "invalid_synthetic_transitions": invalid,
+        "faults": [r.get("what") for r in records if r["event"] == "fault"],
+        "auto_resumes": sum(1 for r in records if r["event"] == "auto_resume"),
+        "rollout_workers_lost": sum(1 for r in records if r["event"] == "rollout_worker_lost"),
+        "guard_trips": sum(1 for r in records if r["event"] == "guard" and r.get("tripped")),
+    }
+
+
+def growth(samples: list[dict[str, Any]], since: float) -> dict[str, Any]:
+    """Total resident memory, median of the first tenth against the last tenth of the samples after ``since``."""
+    after = [s for s in samples if s["t"] >= since]
+    if len(after) < 10:
+        return {"samples": len(after), "ratio": None}
+    n = max(1, len(after) // 10)
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    first = median([sum(s["mib"].values()) for s in after[:n]])
+    last = median([sum(s["mib"].values()) for s in after[-n:]])
+    peak = {k: max(s["mib"].get(k, 0.0) for s in after) for k in after[-1]["mib"]}
+    return {"samples": len(after), "first_tenth_mib": round(first, 1), "last_tenth_mib": round(last, 1),
+            "ratio": round(last / first, 3), "peak_mib_by_group": peak}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--kill-every", type=float, default=300.0, help="seconds between kills")
+    ap.add_argument("--sample-every", type=float, default=15.0, help="seconds between memory samples")
+    ap.add_argument("--config", default=None, help="config file (default: the packaged default run)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<host>-<date>.json)")
+    args = ap.parse_args(argv)
+
+    out_dir = REPO / "runs" / "soak"
+    cmd = [str(Path(sys.executable).parent / "dreamgym"), "train", *([args.config] if args.config else []),
+           *SOAK_OVERRIDES, "--run.out_dir", str(out_dir), *extra]
+    before = set(out_dir.glob("soak-train-*")) if out_dir.exists() else set()
+    log_path = REPO / "runs" / "soak.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.time()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    root = psutil.Process(proc.pid)
+    samples: list[dict[str, Any]] = []
+    kills: list[dict[str, Any]] = []
+    run_dir: Path | None = None
+    training_since: float | None = None
+    next_sample, next_kill, cycle = 0.0, float("inf"), 0
+    end = t0 + args.minutes * 60
+    print(f"soak: {' '.join(cmd)} (log {log_path})", flush=True)
+    try:
+        while time.time() < end and proc.poll() is None:
+            now = time.time()
+            if run_dir is None:
+                fresh = sorted(set(out_dir.glob("soak-train-*")) - before) if out_dir.exists() else []
+                run_dir = fresh[-1] if fresh else None
+            if training_since is None and run_dir is not None and any(
+                    r["event"] in ("eval", "iteration") for r in read_metrics(run_dir)):
+                training_since = now
+                next_kill = now + args.kill_every
+                print(f"soak: training began at {now - t0:.0f} s; first kill in {args.kill_every:.0f} s", flush=True)
+            if now >= next_sample:
+                samples.append({"t": round(now - t0, 1), "mib": memory_groups(root)})
+                next_sample = now + args.sample_every
+                if len(samples) % 8 == 0:  # one status line every 8 samples
+                    done = summarise(read_metrics(run_dir)) if run_dir else {}
+                    print(f"soak: {(now - t0) / 60:.1f} min, iteration {done.get('last_iteration', 0)}, "
+                          f"{len(kills)} kill(s), tree {sum(samples[-1]['mib'].values()):.0f} MiB", flush=True)
+            if now >= next_kill:
+                k = kill_one(root, KILL_CYCLE[cycle % len(KILL_CYCLE)])
+                k["t"] = round(now - t0, 1)
+                kills.append(k)
+                print(f"soak: {k}", flush=True)
+                cycle += 1
+                next_kill = now + args.kill_every
+            time.sleep(1.0)
+    finally:
+        ended_itself = proc.poll() is not None
+        if not ended_itself:
+            proc.send_signal(signal.SIGTERM)  # the driver stops like Ctrl-C and takes its Ray down with it
+        try:
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+    records = read_metrics(run_dir) if run_dir else []
+    result = {
+        "command": cmd, "run_dir": str(run_dir), "minutes": round((time.time() - t0) / 60, 1),
+        "exit_code": code, "ended_by_itself": ended_itself, "kill_every_s": args.kill_every,
+        "load_average_end": os.getloadavg(), "kills": kills, "run": summarise(records),
+        "memory_growth": growth(samples, training_since or 0.0),
+        "memory_samples": samples,
+    }
+    write_result(result, "soak", args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
