@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from replay_fixtures import twx_parquet  # noqa: F401 - a fixture
 from scripted_openai_server import ScriptedOpenAIServer
 from test_train import _read_metrics, _reward_by_action, _webarena_offline, tiny_config
 
@@ -261,6 +262,29 @@ def test_a_replay_shard_and_the_learner_killed_lose_no_acknowledged_transition(r
     # Iteration 3 ran twice (before the learner died and after the resume); a rerun's writes are duplicates
     # or new transitions, never fewer: at least what the recorded iterations acknowledged.
     assert len(stored) >= seeded + sum(written.values())
+
+
+@pytest.mark.timeout(600)
+def test_a_stalled_experience_model_fine_tune_is_stopped_within_its_bound(
+        ray_cluster, tmp_path: Path, twx_parquet: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The experience-model fine-tune inside ``dreamgym train`` is a Ray task watched through its progress file:
+    when the file does not grow for ``experience_model.train.stall_timeout_s`` the task is cancelled and the run
+    stops with one line naming the bound. Here the bound (1 s) is shorter than the task's start (loading the
+    model), which the watchdog cannot tell from a hung task."""
+    import actors.train_setup as setup
+    from dreamgym.errors import TrainingFaultError
+
+    monkeypatch.setattr(setup, "STATUS_INTERVAL_S", 0.2)  # look often: the bound is under test, not the cadence
+    cfg = validate_config(tiny_config(tmp_path, experience_model={"train": {"base": "tiny", "max_steps": 50,
+                                                                            "stall_timeout_s": 1.0}}))
+    lines: list[str] = []
+    t0 = time.monotonic()
+    bound = r"made no progress for 1 s \(experience_model\.train\.stall_timeout_s"
+    with pytest.raises(TrainingFaultError, match=bound):
+        setup.experience_sft(cfg, twx_parquet, tmp_path, lines.append)
+    assert time.monotonic() - t0 < 60
+    assert lines and "annotating and loading the base model" in lines[0]
+    assert not (tmp_path / "experience_model" / "dreamgym_sft.json").exists()
 
 
 @pytest.mark.slow
