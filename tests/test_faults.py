@@ -53,6 +53,19 @@ def test_the_guard_watches_the_reward_rate_and_agreement_when_asked() -> None:
         _stats(20, 0, 10, 0, 0, 10)).tripped
 
 
+def _synthetic_webarena(tmp_path: Path, server_url: str, offline: Path, **sections: dict[str, Any]) -> Any:
+    """3 synthetic iterations of WebArena-Lite from offline data, the experience model an OpenAI-compatible server
+    at ``server_url``, no real environment anywhere (its URL is a closed port) and no evaluation."""
+    from dreamgym.config import deep_merge
+
+    base = {"env": {"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
+            "experience_model": {"backend": "http", "url": server_url, "top_k": 1},
+            "curriculum": {"seed_tasks": 2, "llm_variants": 0, "param_variants": 0}, "learner": {"group_size": 4},
+            "train": {"mode": "synthetic", "iterations": 3, "offline_data": str(offline), "checkpoint_every": 1,
+                      "warm_start": {"method": "none"}, "eval": {"enabled": False}}}
+    return validate_config(tiny_config(tmp_path, **deep_merge(base, sections)))
+
+
 def _when(condition: Any, action: Any, timeout: float = 900.0) -> threading.Thread:
     """Run ``action()`` once ``condition()`` holds (polled), in a thread; errors are kept on the thread."""
 
@@ -90,13 +103,7 @@ def test_the_guard_stops_training_when_the_simulator_goes_bad(ray_cluster, tmp_p
 
     offline = _webarena_offline(tmp_path / "webarena.parquet")
     with ScriptedOpenAIServer(reply) as server:
-        cfg = validate_config(tiny_config(
-            tmp_path, env={"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
-            experience_model={"backend": "http", "url": server.url, "top_k": 1},
-            curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0}, learner={"group_size": 4},
-            train={"mode": "synthetic", "iterations": 3, "offline_data": str(offline), "checkpoint_every": 1,
-                   "warm_start": {"method": "none"}, "eval": {"enabled": False},
-                   "guard": {"window": 1, "min_steps": 4}}))
+        cfg = _synthetic_webarena(tmp_path, server.url, offline, train={"guard": {"window": 1, "min_steps": 4}})
         _when(first_iteration_done, broken.set)
         with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
             run_train(cfg)
@@ -234,13 +241,8 @@ def test_a_replay_shard_and_the_learner_killed_lose_no_acknowledged_transition(r
     killed: list[str] = []
     offline = _webarena_offline(tmp_path / "webarena.parquet")
     with ScriptedOpenAIServer(_reward_by_action) as server:
-        cfg = validate_config(tiny_config(
-            tmp_path, env={"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
-            experience_model={"backend": "http", "url": server.url, "top_k": 1},
-            curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0}, learner={"group_size": 4},
-            replay={"shards": 2, "num_cpus": 0},
-            train={"mode": "synthetic", "iterations": 3, "offline_data": str(offline), "checkpoint_every": 1,
-                   "warm_start": {"method": "none"}, "eval": {"enabled": False}, "auto_resume": 1}))
+        cfg = _synthetic_webarena(tmp_path, server.url, offline, replay={"shards": 2, "num_cpus": 0},
+                                  train={"auto_resume": 1})
         watchers = [_when(checkpoint(1), kill("ReplayShard", 2)), _when(checkpoint(2), kill("LearnerActor"))]
         s = run_train(cfg)
     assert killed == ["ReplayShard", "LearnerActor"], [getattr(w, "error", None) for w in watchers]
