@@ -10,7 +10,7 @@ processes (vLLM engine cores, the TextWorldExpress JVM), the driver, Ray's own d
 ``--minutes`` the run gets SIGTERM (it stops like Ctrl-C) and the benchmark reads its ``metrics.jsonl``:
 iterations completed, transitions the replay buffer acknowledged, invalid synthetic transitions, the faults
 and automatic resumes, rollout workers lost; and the memory of each group over time, with the growth of the
-whole tree from the first to the last tenth of the soak (after training began).
+peaks from the middle to the last third of the soak (after training began).
 
     .venv/bin/python bench/soak.py [--minutes 30] [--kill-every 300] [--config FILE] [-- --train.x y ...]
 
@@ -127,20 +127,24 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def growth(samples: list[dict[str, Any]], since: float) -> dict[str, Any]:
-    """Total resident memory, median of the first tenth against the last tenth of the samples after ``since``."""
+    """Peak resident memory per group and in all, in the middle third of the soak (after ``since``, when training
+    began) against the last third. Peaks, not means: the learner's memory rises during each step and falls
+    after it, and a killed actor restarts small, so only a peak that keeps rising is growth."""
     after = [s for s in samples if s["t"] >= since]
-    if len(after) < 10:
+    if len(after) < 9:
         return {"samples": len(after), "ratio": None}
-    n = max(1, len(after) // 10)
+    third = len(after) // 3
+    middle, last = after[third:2 * third], after[2 * third:]
+    groups = sorted({k for s in after for k in s["mib"]})
 
-    def median(xs: list[float]) -> float:
-        return sorted(xs)[len(xs) // 2]
+    def peak(window: list[dict[str, Any]], key: str | None = None) -> float:
+        return max((sum(s["mib"].values()) if key is None else s["mib"].get(key, 0.0)) for s in window)
 
-    first = median([sum(s["mib"].values()) for s in after[:n]])
-    last = median([sum(s["mib"].values()) for s in after[-n:]])
-    peak = {k: max(s["mib"].get(k, 0.0) for s in after) for k in after[-1]["mib"]}
-    return {"samples": len(after), "first_tenth_mib": round(first, 1), "last_tenth_mib": round(last, 1),
-            "ratio": round(last / first, 3), "peak_mib_by_group": peak}
+    return {"samples": len(after), "windows_s": [middle[0]["t"], last[0]["t"], last[-1]["t"]],
+            "middle_third_peak_mib": round(peak(middle), 1), "last_third_peak_mib": round(peak(last), 1),
+            "ratio": round(peak(last) / peak(middle), 3),
+            "by_group": {g: {"middle_peak_mib": round(peak(middle, g), 1), "last_peak_mib": round(peak(last, g), 1)}
+                         for g in groups}}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
