@@ -253,10 +253,10 @@ class Run:
                 if again else f"dropping its {len(call.tasks)} episodes and every other episode of their tasks")
         self.progress.line(iteration, call.phase, f"rollout worker {call.worker} died "
                                                   f"({type(error).__name__}): {what}")
+        self.wait_restarted(call.worker)  # also when dropping: the next iteration must not meet it still restarting
         if not again:
             return None
         w = self.a.workers[call.worker]
-        self.wait_restarted(call.worker)
         ref = w.run.remote(call.tasks, call.phase, call.temperature, call.seed)
         return RolloutCall(call.worker, call.tasks, call.phase, call.temperature, call.seed, ref, call.attempts + 1)
 

@@ -132,14 +132,17 @@ def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Pat
 def test_s2r_with_a_vllm_experience_replica_and_a_real_budget(ray_cluster, tmp_path: Path) -> None:
     from actors.driver import run_train
 
+    # invalid_episodes drop: an episode an invalid transition ended leaves the batch whole (``truncate``, the
+    # default, keeps its valid prefix: tests/test_rollout.py)
     cfg = validate_config(tiny_config(tmp_path, train={"mode": "s2r", "iterations": 3, "synthetic_iterations": 1,
-                                                       "real_budget": 10, "checkpoint_every": 0}))
+                                                       "real_budget": 10, "checkpoint_every": 0,
+                                                       "invalid_episodes": "drop"}))
     s = run_train(cfg)
     records = _check_run_dir(Path(s["run_dir"]), s["iterations"])
     iters = [r for r in records if r["event"] == "iteration"]
     assert iters[0]["phase"] == "synthetic" and all(r["phase"] == "real" for r in iters[1:])
-    # the tiny replica never writes the reply format: every synthetic step is an invalid transition,
-    # counted, kept out of the buffer's demonstrations and out of the learner's groups
+    # the tiny replica rarely writes the reply format: every synthetic episode meets an invalid transition,
+    # counted, and kept out of the buffer's demonstrations and out of the learner's groups
     assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == iters[0]["rollout"]["invalid_transitions"] > 0
     assert iters[0]["groups"]["groups"] == 0 and iters[0]["left_out"] > 0
     # the real phase stops at the first iteration boundary after the budget is spent
