@@ -326,14 +326,12 @@ class Run:
                                                        # ``train.max_staleness >= 1``)
         """
         st, log = self.state, IterationLog(self.state)
-        trajs, groups, fresh = self.collect_groups(launched, log)
+        learnable, groups, fresh = self.collect_groups(launched, log)
         if launched.phase == "synthetic":
             self.guard_simulator(log)
         nxt = self.launch(launched.iteration + 1) if self.overlaps_next(launched.iteration + 1) else None
         with log.timed("replay"):
-            kept = [learnable_part(t, self.cfg.train.invalid_episodes) for t in trajs]
-            added = self.a.replay.add([tr for t in kept if t is not None for tr in t.transitions],
-                                      iteration=launched.iteration)
+            added = self.a.replay.add([tr for t in learnable for tr in t.transitions], iteration=launched.iteration)
         with log.timed("learner"):
             lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
         sync: dict[str, Any] = {}
@@ -371,7 +369,8 @@ class Run:
 
     def collect_groups(self, launched: Launched, log: IterationLog) -> tuple[list[Trajectory], list[Group],
                                                                             list[Group]]:
-        """The iteration's trajectories, its GRPO groups, and the groups fresh enough to learn from."""
+        """The learnable part of the iteration's trajectories (``learnable_part``: what the replay buffer and the
+        learner may take), its GRPO groups, and the groups fresh enough to learn from."""
         st, phase = self.state, launched.phase
         got = self.collect(launched.calls, launched.iteration + 1, phase)
         trajs, s = got.trajectories, got.stats
@@ -383,14 +382,15 @@ class Run:
             st.invalid_transitions += int(s["invalid_transitions"])
         st.real_resets = max(st.real_resets, int(s["real_resets"]))
         self.progress.rollouts(launched.iteration + 1, phase, s, st.real_transitions, self.cfg.train.real_budget)
-        groups, left_out = group_trajectories(trajs, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2,
-                                              invalid_episodes=self.cfg.train.invalid_episodes)
+        learnable = [p for p in (learnable_part(t, self.cfg.train.invalid_episodes) for t in trajs) if p is not None]
+        groups, small = group_trajectories(learnable, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2)
+        left_out = len(trajs) - len(learnable) + small
         version = int(self.remote(self.a.learner.version.remote(), "asking the learner its weight version"))
         fresh, stale = split_stale(groups, version, self.cfg.train.max_staleness)
         log.note(phase=phase, rollout=s, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
                  rollout_seconds=log.seconds[phase], skipped_llm_tasks=launched.skipped_llm_tasks,
                  tasks=[t.task_id for t in launched.tasks])
-        return trajs, groups, fresh
+        return learnable, groups, fresh
 
     def end_iteration(self, log: IterationLog, curriculum: dict[str, Any]) -> None:
         """The iteration's status line and metrics record; then evaluation and checkpoint when they are due."""

@@ -1,4 +1,4 @@
-"""``LearnerActor``: the GRPO learner (``learner.learner.Learner``) as one Ray actor.
+"""``LearnerActor``: the learner (``learner.learner.Learner``; GRPO, or PPO by ``learner.algorithm``) as a Ray actor.
 
 It owns the policy's trainable copy and pushes new weights to the policy engines itself (the weights
 never travel through the driver): ``sync(engines)`` builds the configured ``WeightSync`` (object store
@@ -88,7 +88,7 @@ class LearnerActor:
 
     # -- training ----------------------------------------------------------------------------------
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """One GRPO learner step (``Learner.step``)."""
+        """One learner step (``Learner.step``): GRPO, or PPO with its critic."""
         return self.learner.step(groups)
 
     def warm_start_step(self, trajectories: Sequence[Trajectory], lr: float) -> dict[str, float]:

@@ -49,20 +49,14 @@ def matmul_peak_gflops(dtype: str, n: int = 2048, repeats: int = 5) -> float:
 def _batch(seq_len: int, batch: int, vocab: int, seed: int) -> list[Any]:
     import random
 
-    from dreamgym.types import Group, Task, Trajectory, Transition
+    from dreamgym.token_groups import one_step_group
+    from dreamgym.types import Task
 
     rng = random.Random(seed)
-    task = Task("bench", "twx:coin", "bench")
-    trajs = []
     half = seq_len // 2
-    for i in range(batch):
-        prompt = [rng.randrange(3, vocab) for _ in range(half)]
-        reply = [rng.randrange(3, vocab) for _ in range(seq_len - half)]
-        r = float(i % 2)
-        tr = Transition("e", 0, "bench", task.env, "", "", "", "", r, True, r > 0, None,
-                        prompt_token_ids=prompt, action_token_ids=reply, action_logprobs=[-1.0] * len(reply))
-        trajs.append(Trajectory(task, [tr], r > 0, r))
-    return [Group(task, trajs)]
+    turns = [([rng.randrange(3, vocab) for _ in range(half)], [rng.randrange(3, vocab) for _ in range(seq_len - half)],
+              None) for _ in range(batch)]
+    return [one_step_group(Task("bench", "twx:coin", "bench"), turns, [float(i % 2) for i in range(batch)])]
 
 
 def bench_model(name: str, path: Path, precision: str, steps: int, seq_len: int, batch: int,

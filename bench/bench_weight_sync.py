@@ -28,16 +28,11 @@ def _max_diff(a: list[float], b: list[float]) -> float:
 
 
 def _groups(samples: list[Any]) -> list[Any]:
-    from dreamgym.types import Group, Task, Trajectory, Transition
+    from dreamgym.token_groups import one_step_group
+    from dreamgym.types import Task
 
-    task = Task("q", "twx:coin", QUESTION)
-    trajs = []
-    for k, s in enumerate(samples):
-        r = float(k % 2)
-        tr = Transition(f"e{k}", 0, "q", task.env, QUESTION, "", s.action, "", r, True, r > 0, None,
-                        prompt_token_ids=s.prompt_token_ids, action_token_ids=s.token_ids, action_logprobs=s.logprobs)
-        trajs.append(Trajectory(task, [tr], r > 0, r))
-    return [Group(task, trajs)]
+    turns = [(s.prompt_token_ids, s.token_ids, s.logprobs) for s in samples]
+    return [one_step_group(Task("q", "twx:coin", QUESTION), turns, [float(k % 2) for k in range(len(samples))])]
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from pydantic import (
 
 from dreamgym.errors import ConfigError
 from dreamgym.secrets import SECRETS, as_secret, publish
+from dreamgym.types import InvalidEpisodes
 
 #: An API key or token: dumps show '**********' (set) or null, never the value (``dreamgym.secrets``).
 SecretField = Annotated[SecretStr | None, BeforeValidator(as_secret)]
@@ -911,7 +912,7 @@ class TrainConfig(Section):
     colocate: bool = False
     """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
     GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
-    invalid_episodes: Literal["drop", "truncate"] = "truncate"
+    invalid_episodes: InvalidEpisodes = "truncate"
     """A synthetic episode that an invalid transition ended (no usable experience-model reply within
     ``experience_model.max_attempts``). ``truncate``: the learner and the replay buffer keep its valid prefix, as
     an unsuccessful episode with the reward earned so far. ``drop``: it leaves the batch whole. Dropping is

@@ -32,10 +32,19 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from dreamgym.envs.base import Environment
-from dreamgym.types import ActionSample, AgentTurn, Group, Observation, Task, Trajectory, Transition
+from dreamgym.types import (
+    ActionSample,
+    AgentTurn,
+    Group,
+    InvalidEpisodes,
+    Observation,
+    Task,
+    Trajectory,
+    Transition,
+)
 
 #: A batched policy: one ``ActionSample`` per agent turn, in order.
 ActFn = Callable[[Sequence[AgentTurn]], list[ActionSample]]
@@ -279,10 +288,6 @@ def _finish(run: _Running, success: bool) -> Trajectory:
     traj = Trajectory(task=run.task, transitions=run.transitions, success=bool(success) and not run.invalid,
                       total_reward=run.total_reward, weight_version=min(versions) if versions else 0)
     return traj
-
-
-#: ``train.invalid_episodes``: what becomes of an episode an invalid synthetic transition ended.
-InvalidEpisodes = Literal["drop", "truncate"]
 
 
 def is_valid(traj: Trajectory) -> bool:

@@ -107,6 +107,10 @@ class IterationLog:
         return {**self.fields, "phase_seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
+#: The folders ``checkpoint_dir`` names, as a glob.
+CHECKPOINT_GLOB = "step-*"
+
+
 def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step-{iteration:06d}"
 
@@ -128,7 +132,7 @@ def latest_run_checkpoint(run_dir: Path) -> Path | None:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return None
-    done = sorted(p for p in root.glob("step-*") if (p / DRIVER_FILE).is_file())
+    done = sorted(p for p in root.glob(CHECKPOINT_GLOB) if (p / DRIVER_FILE).is_file())
     return done[-1] if done else None
 
 

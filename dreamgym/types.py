@@ -11,7 +11,10 @@ transition ``(s_t, a_t, s_{t+1}, r_{t+1})``; a GRPO group is ``n`` trajectories 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+#: ``train.invalid_episodes``: what becomes of an episode an invalid synthetic transition ended.
+InvalidEpisodes = Literal["drop", "truncate"]
 
 #: Where a transition came from. ``real``: a real environment; ``synthetic``: the experience model.
 SOURCES = ("real", "synthetic")

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dreamgym.train_state import CHECKPOINT_GLOB
+
 STATE_FILE = "trainer_state.pt"
 META_FILE = "learner.json"
 MODEL_DIR = "model"
@@ -40,7 +42,7 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step-*") if (p / META_FILE).is_file())
+    return sorted(p for p in root.glob(CHECKPOINT_GLOB) if (p / META_FILE).is_file())
 
 
 def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:

@@ -82,28 +82,10 @@ def versions() -> dict[str, Any]:
 
 
 # -- the tiny model and GRPO groups -------------------------------------------------------------------------
-def random_groups(seed: int, n_groups: int = 3, group_size: int = 4, vocab: int = 200) -> list[Any]:
-    """Single-step trajectories with random prompts/replies and mixed 0/1 rewards (every group carries signal)."""
-    from dreamgym.types import Group, Task, Trajectory, Transition
+def random_groups(seed: int) -> list[Any]:
+    from dreamgym.token_groups import random_groups as groups
 
-    rng = random.Random(seed)
-    groups = []
-    for g in range(n_groups):
-        task = Task(f"task-{g}", "twx:coin", f"task {g}")
-        prompt = [1] + [rng.randrange(10, vocab) for _ in range(rng.randrange(4, 12))]
-        rewards = [float(i % 2) for i in range(group_size)]
-        rng.shuffle(rewards)
-        trajs = []
-        for i, r in enumerate(rewards):
-            reply = [rng.randrange(10, vocab) for _ in range(rng.randrange(2, 7))]
-            tr = Transition(episode_id=f"{g}-{i}", step=0, task_id=task.task_id, env=task.env,
-                            instruction=task.instruction, state="", action="", next_state="", reward=r, done=True,
-                            success=r > 0, admissible_actions=None, source="real", policy="policy@v0",
-                            prompt_token_ids=prompt, action_token_ids=reply, action_logprobs=[-1.0] * len(reply),
-                            weight_version=0)
-            trajs.append(Trajectory(task, [tr], r > 0, r))
-        groups.append(Group(task, trajs))
-    return groups
+    return groups(seed)
 
 
 def learner_cfg(device: str, precision: str) -> Any:
