@@ -111,7 +111,7 @@ class BehaviourCloning:
         for idx in micro_batches([len(s) for s in seqs], lrn.cfg.micro_batch_tokens):
             mb = collate(seqs, idx, lrn.pad_id, lrn.device)
             with lrn._autocast():
-                logp = token_logprobs(lrn.model, mb.input_ids, mb.attention_mask, 1.0)
+                logp = token_logprobs(lrn.model, mb.input_ids, mb.attention_mask, 1.0, mb.mask)
             terms = policy_loss(logp, logp.detach(), mb.advantages, mb.weights, mb.mask)
             terms.loss.backward()
             nll_sum += float(-(logp.detach() * mb.mask).sum())

@@ -176,9 +176,9 @@ class Learner:
         with torch.no_grad(), self._autocast():
             if is_peft(self.model):
                 with self.model.disable_adapter():
-                    return token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+                    return token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, mb.mask)
             assert self.reference is not None
-            return token_logprobs(self.reference, mb.input_ids, mb.attention_mask, self.temperature)
+            return token_logprobs(self.reference, mb.input_ids, mb.attention_mask, self.temperature, mb.mask)
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
         """Teacher-forced ``log p(x_j | x_<j)``, ``j >= 1``, of each token sequence (no grad, eval mode)."""
@@ -298,7 +298,7 @@ class Learner:
                     mb = collate(part, idx, self.pad_id, self.device)
                     ref = self._reference_logprobs(mb)
                     with self._autocast():
-                        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+                        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, mb.mask)
                     if old_logprobs is None:
                         learner_old = logp.detach()
                     else:

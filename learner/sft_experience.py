@@ -171,12 +171,14 @@ def example_nll(model: nn.Module, ex: SFTExample, bf16: bool = False) -> tuple[t
     import torch.nn.functional as F
 
     ids = torch.tensor([ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids])
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=ids).logits[0, :-1].float()
-    nll = F.cross_entropy(logits, ids[0, 1:], reduction="none")
     p, r = len(ex.prompt_ids), len(ex.reasoning_ids)
-    # position j predicts token j+1: reasoning tokens are p..p+r-1, outcome tokens p+r..end
-    return nll[p - 1: p - 1 + r].sum(), nll[p - 1 + r:].sum()
+    reply = ids.shape[1] - p  # reasoning + outcome tokens: the only ones with a loss
+    # Position j predicts token j+1: the reply's tokens p..end are predicted at positions p-1..end-1, so the LM
+    # head runs on the last reply+1 positions only (the prompt, most of the sequence, needs no logits).
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=ids, logits_to_keep=reply + 1).logits[0, :-1].float()
+    nll = F.cross_entropy(logits, ids[0, p:], reduction="none")
+    return nll[:r].sum(), nll[r:].sum()
 
 
 def _lr(step: int, warmup: int, lr: float) -> float:

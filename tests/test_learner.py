@@ -63,6 +63,25 @@ def test_gradient_flows_only_through_policy_tokens(tiny: Path) -> None:
     nonzero = logp.grad != 0
     assert torch.equal(nonzero, mb.mask & (mb.advantages != 0))
 
+def test_logits_on_the_needed_columns_only_give_the_same_logprobs_and_gradient(tiny: Path) -> None:
+    """``token_logprobs(..., needed)`` runs the LM head on the loss mask's columns only: the log-probs there and
+    the gradient they give equal the every-position ones; the other entries are 0 (rows of unequal length)."""
+    batch = build_batch(random_groups(4, n_groups=3))
+    grads, logps = [], []
+    for needed in (False, True):
+        learner = Learner(_cfg(), tiny, seed=0)
+        mb = collate(batch.sequences, list(range(len(batch.sequences))), learner.pad_id, "cpu")
+        logp = token_logprobs(learner.model, mb.input_ids, mb.attention_mask, 0.7, mb.mask if needed else None)
+        (logp * mb.mask).sum().backward()
+        logps.append(logp.detach())
+        grads.append({n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None})
+    assert mb.mask.any(dim=0).sum() < mb.mask.shape[1]  # some columns are skipped
+    torch.testing.assert_close(logps[0][mb.mask], logps[1][mb.mask])
+    assert torch.all(logps[1][~mb.mask] == 0)
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7)
+
+
 
 def test_micro_batching_does_not_change_the_gradient(tiny: Path) -> None:
     grads = []
