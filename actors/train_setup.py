@@ -207,8 +207,8 @@ def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Calla
     from dreamgym.models import hub_env
 
     env_vars = {"OMP_NUM_THREADS": str(cfg.learner.threads), **hub_env(), "TOKENIZERS_PARALLELISM": "false"}
-    task = ray.remote(_experience_sft_task).options(num_cpus=cfg.learner.num_cpus,
-                                                     num_gpus=cfg.learner.num_gpus,
+    gpus = max(cfg.learner.num_gpus, 1) if c.experience_model.train.device == "cuda" else cfg.learner.num_gpus
+    task = ray.remote(_experience_sft_task).options(num_cpus=cfg.learner.num_cpus, num_gpus=gpus,
                                                      runtime_env={"env_vars": env_vars})
     ref = task.remote(c.model_dump(mode="json"), str(offline), str(out))
     progress, total, t0 = run_dir / "experience_sft.jsonl", c.experience_model.train.max_steps, time.perf_counter()

@@ -642,6 +642,13 @@ class ExperienceTrainConfig(Section):
     ``auto``: ``bf16`` where bf16 is native (a GPU, or such a CPU), else ``fp32``."""
     threads: int | None = Field(default=None, ge=1)
     """torch threads while training (``None``: torch's default)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the fine-tune runs. ``cuda``: one GPU (inside ``dreamgym train`` the Ray task asks for at least
+    one); with ``precision auto`` it trains in bf16 autocast. A 7B model's full fine-tune (fp32 weights, AdamW
+    state) does not fit one 80 GB GPU: use ``method lora`` and ``gradient_checkpointing`` there."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory for long examples and large models, ~30%
+    more compute)."""
 
 
 class AnnotateConfig(Section):

@@ -165,17 +165,18 @@ def balanced_sample(examples: list[SFTExample], outcomes: list[tuple[float, bool
     return out
 
 
-def example_nll(model: nn.Module, ex: SFTExample, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def example_nll(model: nn.Module, ex: SFTExample, bf16: bool = False,
+                device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL of the reasoning tokens and of the outcome tokens of one example (prompt masked)."""
     import torch
     import torch.nn.functional as F
 
-    ids = torch.tensor([ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids])
+    ids = torch.tensor([ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids], device=device)
     p, r = len(ex.prompt_ids), len(ex.reasoning_ids)
     reply = ids.shape[1] - p  # reasoning + outcome tokens: the only ones with a loss
     # Position j predicts token j+1: the reply's tokens p..end are predicted at positions p-1..end-1, so the LM
     # head runs on the last reply+1 positions only (the prompt, most of the sequence, needs no logits).
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         logits = model(input_ids=ids, logits_to_keep=reply + 1).logits[0, :-1].float()
     nll = F.cross_entropy(logits, ids[0, p:], reduction="none")
     return nll[:r].sum(), nll[r:].sum()
@@ -217,15 +218,20 @@ def _train(
 
     em, t = cfg.experience_model, cfg.experience_model.train
     assert t.data is not None
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise DreamGymError("experience_model.train.device is cuda, but torch sees no CUDA device here: run the "
+                            "fine-tune on a GPU node (inside `dreamgym train` its Ray task asks for one GPU), or "
+                            "set experience_model.train.device cpu")
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     t0 = time.perf_counter()
     examples, counts = build_examples(t.data, tokenizer, em, t.store, cfg.run.seed, replay=cfg.replay)
     if not examples:
         raise DreamGymError(f"no training example fits max_seq_len={t.max_seq_len} in {t.data}")
     prep_s = time.perf_counter() - t0
-    model = load_causal_lm(base)
-    # The SFT runs on CPU (autocast "cpu" below): bf16 only where the CPU computes it natively.
-    bf16 = t.precision == "bf16" or (t.precision == "auto" and native_bf16("cpu"))
+    model = load_causal_lm(base, t.device)
+    if t.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and native_bf16(t.device))
     if t.method == "lora":
         model = add_lora(model, LoraConfig(enabled=True, r=t.lora_r, alpha=float(t.lora_alpha)))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -247,7 +253,7 @@ def _train(
         opt.zero_grad(set_to_none=True)
         sum_r = sum_o = 0.0
         for i in batch:
-            lr_nll, lo_nll = example_nll(model, examples[i], bf16=bf16)
+            lr_nll, lo_nll = example_nll(model, examples[i], bf16=bf16, device=t.device)
             ((lr_nll + lo_nll) / denom).backward()
             sum_r += lr_nll.item()
             sum_o += lo_nll.item()
@@ -266,7 +272,7 @@ def _train(
     summary = {
         "out": str(out), "base": str(base), "method": t.method, "data": str(t.data), **counts,
         "examples_seen": sum(len(b) for b in batches), "steps": len(history), "epochs": t.epochs,
-        "batch_size": t.batch_size, "precision": "bf16" if bf16 else "fp32",
+        "batch_size": t.batch_size, "precision": "bf16" if bf16 else "fp32", "device": t.device,
         "loss_first": sum(h["loss"] for h in history[:k]) / k, "loss_last": sum(h["loss"] for h in history[-k:]) / k,
         "reasoning_nll_last": history[-1]["reasoning_nll"], "state_nll_last": history[-1]["state_nll"],
         "prepare_seconds": round(prep_s, 2), "train_seconds": round(train_s, 2),

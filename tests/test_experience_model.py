@@ -459,6 +459,24 @@ def test_sft_masks_the_prompt_and_lora_saves_a_merged_folder(tmp_path: Path) -> 
     assert set(merged.state_dict()) == set(model.state_dict())
 
 
+def test_a_cuda_fine_tune_without_a_gpu_stops_at_once_with_what_to_set(tmp_path: Path) -> None:
+    import torch
+
+    from dreamgym.config import load_config
+    from dreamgym.errors import DreamGymError
+    from dreamgym.models import build_tiny_model
+    from learner.sft_experience import train_experience_model
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/test_gpu_learner.py fine-tunes on it")
+    data = write_toy(tmp_path / "toy.parquet", [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "r")])
+    cfg = load_config(None, {"experience_model": {"train": {
+        "data": str(data), "base": str(build_tiny_model(tmp_path / "base")), "device": "cuda"}}})
+    with pytest.raises(DreamGymError, match=r"experience_model\.train\.device cpu"):
+        train_experience_model(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_step_batch_steps_many_synthetic_envs_with_one_model_call(tmp_path: Path) -> None:
     from dreamgym.experience.synthetic_env import step_batch
 

@@ -31,6 +31,24 @@ def test_bf16_autocast_step_on_cuda(tiny: Path) -> None:
     assert m["version"] == 1 and m["grad_norm"] > 0
 
 
+def test_experience_model_lora_fine_tune_on_cuda(tiny: Path, tmp_path: Path) -> None:
+    """The GPU study's experience-model SFT: LoRA, bf16 autocast (precision auto), gradient checkpointing."""
+    from experience_data import HALL, KITCHEN, toy_row, write_toy
+
+    from dreamgym.config import load_config
+    from learner.sft_experience import train_experience_model
+
+    rows = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "The agent goes north."),
+            toy_row("e0", 1, KITCHEN, "look", KITCHEN, 0.0, False, False, None)]
+    data = write_toy(tmp_path / "toy.parquet", rows)
+    cfg = load_config(None, {"experience_model": {"top_k": 1, "train": {
+        "data": str(data), "store": str(data), "base": str(tiny), "method": "lora", "lr": 5e-2, "epochs": 12,
+        "batch_size": 2, "device": "cuda", "precision": "auto", "gradient_checkpointing": True}}})
+    s = train_experience_model(cfg, tmp_path / "em")
+    assert s["device"] == "cuda" and s["precision"] == "bf16" and s["loss_last"] < s["loss_first"]
+    assert (tmp_path / "em" / "model.safetensors").is_file()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -141,8 +141,9 @@ def test_dry_run_prints_the_plan_against_a_stated_shape(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "dreamgym.cli", "train", str(cfg), "--dry-run", "--cluster-gpus", "8",
                         "--cluster-cpus", "224", "--node-gpus", "8"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "total: 156.25 CPUs, 8 GPUs" in r.stdout and "fits the stated cluster shape" in r.stdout
-    assert "colocated[1]; colocated[2]" in r.stdout
+    assert "total: 164.25 CPUs, 8 GPUs" in r.stdout and "fits the stated cluster shape" in r.stdout
+    assert "colocated[0]; colocated[1]; colocated[2]; colocated[3]" in r.stdout  # 4 data-parallel learner ranks
+    assert "colocated[4]; colocated[5]" in r.stdout  # the policy engines, on the learner's node
     r = subprocess.run([sys.executable, "-m", "dreamgym.cli", "train", str(cfg), "--dry-run", "--cluster-gpus", "4",
                         "--cluster-cpus", "224"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "the actors ask for 8 GPUs, the cluster has 4" in r.stdout
