@@ -141,6 +141,30 @@ def test_the_study_configs_are_valid_for_every_arm(name: str, tmp_path: Path) ->
         assert s2r_real_iterations(cfg) == 2 and cfg.train.iterations == 20
 
 
+def _arm(success: list[float], **kw: Any) -> dict[str, Any]:
+    return {"success": mean_interval(success).clipped().to_dict(), "learner_steps": 3.0, "iterations_configured": [3],
+            "mixed_group_share": 0.5, "synthetic_transitions": 0, "invalid_transitions": 0, **kw}
+
+
+def test_the_papers_pattern_is_checked_and_a_failing_claim_names_the_parts_to_look_at() -> None:
+    from dreamgym.study.pattern import paper_pattern, pattern_lines
+
+    arms = {"base": _arm([0.60, 0.61, 0.62]), "real": _arm([0.80, 0.81, 0.82]),
+            "dreamgym": _arm([0.70, 0.71, 0.72], synthetic_transitions=100, invalid_transitions=5,
+                             synthetic_success=0.95, reward_success_agreement=0.9, mixed_group_share=0.25),
+            "no-retrieval": _arm([0.60, 0.61, 0.62])}
+    claims = {c["claim"]: c for c in paper_pattern(arms)}
+    dg = claims["DreamGym >= 0.95 x real-environment GRPO"]
+    assert dg["holds"] is False and dg["resolved"] is True  # 71% < 0.95 x 81%, intervals apart
+    why = " ".join(dg["diagnosis"])
+    assert "invalid synthetic transitions 5.0%" in why and "reward/success agreement 90.0%" in why
+    assert "synthetic success 95.0% vs held-out real 71.0%" in why and "groups with reward variance 25.0%" in why
+    assert claims["no-retrieval below DreamGym"]["holds"] is True
+    assert claims["DreamGym-S2R above DreamGym"]["holds"] is None  # no such arm yet
+    text = "\n".join(pattern_lines(list(claims.values())))
+    assert "DOES NOT HOLD" in text and "n/a: not measured" in text
+
+
 def test_report_and_resume_need_a_study_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["study", "--report", str(tmp_path)]) == 2
     assert main(["study", "--resume", str(tmp_path)]) == 2
@@ -213,6 +237,12 @@ def test_a_tiny_study_runs_resumes_and_reports(tmp_path: Path) -> None:
     assert {c["experience_model"]["top_k"] for c in configs} == {0, 2}
     for arm in ("dreamgym", "no-retrieval"):
         assert result["arms"][arm]["success"]["n"] == 2 and result["arms"][arm]["success"]["low"] is not None
+    # The diagnosis reads the runs' own records: groups of the scripted simulator that pays every other reply
+    # have reward variance (a learner step needs one), and its rewards agree with success.
+    assert all(r["groups"] >= 1 and r["mixed_group_share"] > 0 for r in runs), runs
+    assert all(r["reward_success_agreement"] == 1.0 and r["synthetic_success"] is not None for r in runs), runs
+    claim = next(c for c in result["pattern"] if c["left"] == "no-retrieval")
+    assert claim["holds"] in (True, False) and claim["resolved"] is not None  # 2 seeds each: intervals exist
 
     for name in ("results.md", "results.json", "success_vs_real.png"):
         (study / name).unlink()

@@ -18,6 +18,7 @@ import yaml
 
 from dreamgym.config import STUDY_ARMS
 from dreamgym.study.arms import ARM_LABELS
+from dreamgym.study.pattern import paper_pattern, pattern_lines, training_diagnostics
 from dreamgym.study.stats import Interval, mean_interval
 
 TABLE = "results.md"
@@ -63,7 +64,8 @@ class ArmSeed:
                 "real_budget": t.get("real_budget") if t.get("mode") == "s2r" else None,
                 "offline_transitions": s.get("offline_transitions"), "wall_seconds": s.get("wall_seconds"),
                 "eval": self.eval_set(), "status": self.record.get("status", "finished" if self.finished else "-"),
-                "error": self.record.get("error"), "experience_model_from": self.record.get("experience_model_from")}
+                "error": self.record.get("error"), "experience_model_from": self.record.get("experience_model_from"),
+                **training_diagnostics(self.path)}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -116,7 +118,8 @@ def aggregate(runs: list[ArmSeed]) -> dict[str, Any]:
                                                    if d["random_valid_success"] is not None]).clipped().to_dict(),
             **{k: _mean([d[k] for d in done]) for k in ("real_transitions", "synthetic_transitions",
                                                           "invalid_transitions", "learner_steps", "wall_seconds",
-                                                          "offline_transitions")},
+                                                          "offline_transitions", "mixed_group_share",
+                                                          "synthetic_success", "reward_success_agreement")},
             "iterations_configured": sorted({d["iterations_configured"] for d in done
                                              if d["iterations_configured"] is not None}),
             "real_budget": sorted({d["real_budget"] for d in done if d["real_budget"] is not None}),
@@ -136,7 +139,7 @@ def aggregate(runs: list[ArmSeed]) -> dict[str, Any]:
     s2r = arms.get("dreamgym-s2r", {}).get("real_transitions")
     if real and s2r is not None:
         checks["s2r_real_share"] = s2r / real
-    return {"arms": arms, "runs": everything, "checks": checks,
+    return {"arms": arms, "runs": everything, "checks": checks, "pattern": paper_pattern(arms),
             "random_valid_success": mean_interval([r.summary["baseline_success"] for r in finished
                                                    if r.summary and r.summary.get("baseline_success") is not None
                                                    ]).clipped().to_dict()}
@@ -146,6 +149,16 @@ def _fmt(x: float | None, digits: int = 0) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _synthetic(a: dict[str, Any]) -> str:
+    if a.get("synthetic_success") is None:
+        return "-"
+    return f"{_share(a['synthetic_success'])} ({_share(a.get('reward_success_agreement'))})"
+
+
 def table(result: dict[str, Any], name: str) -> str:
     """The Markdown table: one row per arm, success as mean [95% t-interval] over its finished seeds."""
     lines = [f"# Study {name}", "",
@@ -153,8 +166,9 @@ def table(result: dict[str, Any], name: str) -> str:
              "of freedom, cut to 0-100%]; n/a with a single seed. Real transitions are those training used (the "
              "offline data shared by every arm and the evaluation episodes are not counted).", "",
              "| arm | seeds | held-out success | random-valid success | real transitions | synthetic transitions "
-             "| invalid synthetic | learner steps (configured) | minutes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| invalid synthetic | learner steps (configured) | groups with reward variance "
+             "| synthetic success (reward/success agreement) | minutes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, a in result["arms"].items():
         seeds = f"{len(a['seeds_finished'])}" + (f" (+{len(a['seeds_unfinished'])} unfinished)"
                                                   if a["seeds_unfinished"] else "")
@@ -163,7 +177,8 @@ def table(result: dict[str, Any], name: str) -> str:
         lines.append(f"| {arm}: {a['label']} | {seeds} | {Interval(**a['success']).format()} | "
                      f"{Interval(**a['random_valid_success']).format()} | {_fmt(a['real_transitions'])} | "
                      f"{_fmt(a['synthetic_transitions'])} | {_fmt(a['invalid_transitions'])} | "
-                     f"{_fmt(a['learner_steps'], 1)} ({conf}) | {_fmt(wall, 1)} |")
+                     f"{_fmt(a['learner_steps'], 1)} ({conf}) | {_share(a.get('mixed_group_share'))} | "
+                     f"{_synthetic(a)} | {_fmt(wall, 1)} |")
     c = result["checks"]
     lines += ["", "Checks:",
               f"- every trained arm had the same learner-step budget (train.iterations): "
@@ -177,6 +192,7 @@ def table(result: dict[str, Any], name: str) -> str:
     off = _mean([a["offline_transitions"] for a in result["arms"].values()])
     if off is not None:
         lines.append(f"- offline real transitions shared by every arm: {off:.0f}")
+    lines += pattern_lines(result["pattern"])
     failed = [r for r in result["runs"] if not r["finished"]]
     if failed:
         lines += ["", "Unfinished arm-seeds:"]
