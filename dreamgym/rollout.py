@@ -30,7 +30,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -81,7 +81,9 @@ class RolloutStats:
     act_seconds: float = 0.0
     """Wall time inside ``act`` (the policy engines)."""
     env_seconds: float = 0.0
-    """Wall time inside ``reset``/``step`` (the environments: real engines or the experience model)."""
+    """Wall time inside ``reset``/``step`` (the environments: real engines or the experience model). Episodes
+    run asynchronously (``threads`` above 1): wall time with at least one step in flight, which overlaps the
+    policy calls made meanwhile (``act_seconds``)."""
     retrieval_seconds: float = 0.0
     """Synthetic steps: time spent retrieving demonstrations from the replay buffer, summed over the
     environments' threads (``env_seconds`` is wall time; their ratio splits it)."""
@@ -175,9 +177,12 @@ def run_episodes(
 
     ``envs``: the environment instances to run them on, one episode per instance at a time.
     ``act``: the batched policy. ``source``: ``real`` or ``synthetic`` (recorded on every transition).
-    ``threads``: step the environments of a lockstep step concurrently (use it for environments that
-    wait on a remote model; real Java engines are fast enough serially). Returns the trajectories in
-    the order of ``tasks`` and the counters.
+    ``threads``: 1 steps the environments of a lockstep step one after another (real Java engines are fast);
+    above 1 the episodes run *asynchronously* on that many threads (environments that wait on a remote model,
+    e.g. a ``SyntheticEnv``): an episode whose step returned acts again at once (one policy batch with every
+    other episode ready then) instead of waiting for the slowest step of the lockstep, so the experience model
+    keeps every running episode's request in its batch while a long or retried reply is still decoding.
+    Returns the trajectories in the order of ``tasks`` and the counters.
     """
     if not envs:
         raise ValueError("run_episodes needs at least one environment")
@@ -209,59 +214,104 @@ def run_episodes(
         for (s, i, task), obs in zip(starts, observations, strict=True):
             slots[s] = _Running(i, task, f"{prefix}-{i}", obs)
 
-    try:
-        start(list(range(len(envs))))
+    def decide(live: list[int]) -> list[ActionSample]:
+        """One batched policy call for the episodes on slots ``live``."""
+        turns = []
+        for s in live:
+            r = slots[s]
+            assert r is not None
+            turns.append(AgentTurn(task=r.task, observation=r.observation, history=list(r.history),
+                                   context_token_ids=_context(r)))
+        t0 = time.perf_counter()
+        samples = act(turns)
+        stats.act_seconds += time.perf_counter() - t0
+        if len(samples) != len(turns):
+            raise RuntimeError(f"act returned {len(samples)} samples for {len(turns)} turns")
+        return samples
+
+    def record(s: int, smp: ActionSample, res: Any) -> bool:
+        """Count slot ``s``'s step; returns whether its episode ended (the slot is then free)."""
+        run = slots[s]
+        assert run is not None
+        tr = _transition(run, smp, res, source, f"{policy_name}@v{smp.weight_version}")
+        run.transitions.append(tr)
+        run.total_reward += tr.reward
+        run.history.append((smp.action, res.observation.state))
+        run.observation = res.observation
+        stats.steps += 1
+        stats.policy_tokens += len(smp.token_ids)
+        stats.unparsable += not smp.parsed
+        stats.truncated_replies += smp.finish_reason == "length"
+        admissible = res.info.get("admissible")
+        if admissible is None and tr.admissible_actions is not None:
+            admissible = smp.action in tr.admissible_actions
+        if admissible is not None:
+            stats.actions_checked += 1
+            stats.invalid_actions += not admissible
+        if not tr.valid:
+            stats.invalid_transitions += 1
+            run.invalid = True
+        if not res.done:
+            return False
+        results[run.index] = _finish(run, res.success)
+        stats.episodes += 1
+        stats.successes += bool(res.success) and not run.invalid
+        stats.reward_sum += run.total_reward
+        stats.invalid_episodes += run.invalid
+        full = abs(run.total_reward - 1.0) <= 1e-6
+        stats.outcome_agreements += not run.invalid and bool(res.success) == full
+        stats.paid_episodes += not run.invalid and run.total_reward > 0
+        slots[s] = None
+        return True
+
+    def lockstep() -> None:
         while any(r is not None for r in slots):
             live = [s for s, r in enumerate(slots) if r is not None]
-            runs = [slots[s] for s in live]
-            turns = [AgentTurn(task=r.task, observation=r.observation, history=list(r.history),
-                               context_token_ids=_context(r)) for r in runs if r is not None]
+            samples = decide(live)
             t0 = time.perf_counter()
-            samples = act(turns)
-            stats.act_seconds += time.perf_counter() - t0
-            if len(samples) != len(turns):
-                raise RuntimeError(f"act returned {len(samples)} samples for {len(turns)} turns")
-            t0 = time.perf_counter()
-            step_results = call_all([lambda s=s, a=smp.action: envs[s].step(a)
-                                     for s, smp in zip(live, samples, strict=True)])
+            step_results = [envs[s].step(smp.action) for s, smp in zip(live, samples, strict=True)]
             stats.env_seconds += time.perf_counter() - t0
-            freed = []
-            for s, smp, res in zip(live, samples, step_results, strict=True):
-                run = slots[s]
-                assert run is not None
-                tr = _transition(run, smp, res, source, f"{policy_name}@v{smp.weight_version}")
-                run.transitions.append(tr)
-                run.total_reward += tr.reward
-                run.history.append((smp.action, res.observation.state))
-                run.observation = res.observation
-                stats.steps += 1
-                stats.policy_tokens += len(smp.token_ids)
-                stats.unparsable += not smp.parsed
-                stats.truncated_replies += smp.finish_reason == "length"
-                admissible = res.info.get("admissible")
-                if admissible is None and tr.admissible_actions is not None:
-                    admissible = smp.action in tr.admissible_actions
-                if admissible is not None:
-                    stats.actions_checked += 1
-                    stats.invalid_actions += not admissible
-                if not tr.valid:
-                    stats.invalid_transitions += 1
-                    run.invalid = True
-                if res.done:
-                    results[run.index] = _finish(run, res.success)
-                    stats.episodes += 1
-                    stats.successes += bool(res.success) and not run.invalid
-                    stats.reward_sum += run.total_reward
-                    stats.invalid_episodes += run.invalid
-                    full = abs(run.total_reward - 1.0) <= 1e-6
-                    stats.outcome_agreements += not run.invalid and bool(res.success) == full
-                    stats.paid_episodes += not run.invalid and run.total_reward > 0
-                    slots[s] = None
-                    freed.append(s)
+            freed = [s for s, smp, res in zip(live, samples, step_results, strict=True) if record(s, smp, res)]
             if freed:
                 start(freed)
             if on_step is not None:
                 on_step(stats)
+
+    def asynchronous(pool: ThreadPoolExecutor) -> None:
+        inflight: dict[Future[Any], tuple[int, ActionSample]] = {}
+        waiting_since: float | None = None
+        while True:
+            busy = {s for s, _ in inflight.values()}
+            ready = [s for s, r in enumerate(slots) if r is not None and s not in busy]
+            if ready:
+                for s, smp in zip(ready, decide(ready), strict=True):
+                    inflight[pool.submit(envs[s].step, smp.action)] = (s, smp)
+            if not inflight:
+                break
+            if waiting_since is None:
+                waiting_since = time.perf_counter()
+            done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+            freed = []
+            for fut in done:
+                s, smp = inflight.pop(fut)
+                if record(s, smp, fut.result()):
+                    freed.append(s)
+            if not inflight:  # env_seconds: wall time with at least one step in flight
+                stats.env_seconds += time.perf_counter() - waiting_since
+                waiting_since = None
+            if freed:
+                start(freed)
+            if on_step is not None:
+                on_step(stats)
+        if waiting_since is not None:
+            stats.env_seconds += time.perf_counter() - waiting_since
+
+    try:
+        start(list(range(len(envs))))
+        if pool is None:
+            lockstep()
+        else:
+            asynchronous(pool)
     finally:
         if pool is not None:
             pool.shutdown(wait=False)

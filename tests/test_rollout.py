@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -75,10 +77,13 @@ def test_transitions_carry_policy_tokens_and_counts(coin_envs) -> None:
     assert stats.policy_tokens == 2 * stats.steps
 
 
-def _copy_model(broken: bool = False) -> ExperienceModel:
-    """An experience model whose reply copies the first demonstration's outcome (or is malformed)."""
+def _copy_model(broken: bool = False, on_call=None) -> ExperienceModel:
+    """An experience model whose reply copies the first demonstration's outcome (or is malformed); ``on_call()``
+    runs first on every request (e.g. to record it and take a while, as a served model does)."""
 
     def reply(messages, sampling) -> str:
+        if on_call is not None:
+            on_call()
         if broken:
             return "the next state is probably a kitchen"
         user = messages[-1]["content"]
@@ -90,10 +95,8 @@ def _copy_model(broken: bool = False) -> ExperienceModel:
     return ExperienceModel(FunctionClient(reply))
 
 
-def test_synthetic_rollouts_and_invalid_transitions(coin_envs) -> None:
-    real = coin_envs[0]
-    tasks = real.tasks(2, first=0, split="train")
-    # demonstrations: a random episode per task in the real game
+def _synthetic_coin(real, tasks):
+    """``SyntheticEnv`` factory over ``tasks``: demonstrations from random episodes in the real game."""
     demo_trajs, _ = run_episodes([real], tasks * 3, random_valid_act(1))
     demos = [t for tr in demo_trajs for t in tr.transitions]
     starts = {t.task_id: real.reset(t).state for t in tasks}
@@ -107,6 +110,13 @@ def test_synthetic_rollouts_and_invalid_transitions(coin_envs) -> None:
         return SyntheticEnv(model, retrieve, "twx:coin", top_k=2, max_steps=5,
                             initial_state=lambda t: starts[t.task_id], admissible=valid.get)
 
+    return env
+
+
+def test_synthetic_rollouts_and_invalid_transitions(coin_envs) -> None:
+    real = coin_envs[0]
+    tasks = real.tasks(2, first=0, split="train")
+    env = _synthetic_coin(real, tasks)
     good = [env(_copy_model()) for _ in range(2)]
     trajs, stats = run_episodes(good, repeat_tasks(tasks, 2), random_valid_act(2), source="synthetic", threads=2)
     assert stats.episodes == 4 and stats.invalid_transitions == 0
@@ -124,6 +134,37 @@ def test_synthetic_rollouts_and_invalid_transitions(coin_envs) -> None:
     groups, dropped = group_trajectories(trajs)
     assert groups == [] and dropped == 4
     assert group_trajectories(trajs, invalid_episodes="truncate") == ([], 4)  # nothing valid to keep
+
+
+def test_synthetic_episodes_step_asynchronously_and_never_wait_for_the_slowest(coin_envs) -> None:
+    """With threads, an episode acts again as soon as its own step returns: the episodes on a fast simulator
+    run several steps while one on a slow simulator is still on its first (in lockstep: one step each)."""
+    real = coin_envs[0]
+    tasks = real.tasks(3, first=10, split="train")
+    env = _synthetic_coin(real, tasks)
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def timed(kind: str, seconds: float):
+        def on_call() -> None:
+            with lock:
+                calls.append(kind)
+            time.sleep(seconds)
+        return on_call
+
+    envs = [env(_copy_model(on_call=timed("slow", 0.5))), env(_copy_model(on_call=timed("fast", 0.01)))]
+    act = _scripted_act()
+    episodes = repeat_tasks(tasks, 2)
+    trajs, stats = run_episodes(envs, episodes, act, source="synthetic", threads=2)
+    assert [t.task.task_id for t in trajs] == [t.task_id for t in episodes] and stats.episodes == 6
+    assert stats.steps == sum(len(t.transitions) for t in trajs) == len(calls)
+    for t in trajs:
+        assert [tr.step for tr in t.transitions] == list(range(len(t.transitions)))
+        assert t.transitions[-1].done and all(tr.valid for tr in t.transitions)
+    slow = [i for i, c in enumerate(calls) if c == "slow"]
+    before_second_slow = calls[: slow[1] if len(slow) > 1 else len(calls)]
+    assert before_second_slow.count("fast") >= 3, calls
+    assert 1 in act.calls  # the policy answered an episode on its own as soon as it was ready
 
 
 def test_an_episode_an_invalid_transition_ended_is_truncated_or_dropped(coin_envs) -> None:
