@@ -789,11 +789,12 @@ class RolloutConfig(Section):
     workers: int = Field(default=1, ge=1)
     """``RolloutWorker`` actors; each owns ``envs_per_worker`` real environments (and as many synthetic ones)."""
     envs_per_worker: int = Field(default=8, ge=1)
-    """Episodes a worker runs at once (its lockstep batch to the policy engines)."""
+    """Episodes a worker runs at once (in the real environment, its lockstep batch to the policy engines)."""
     num_cpus: float = Field(default=0.25, ge=0.0)
     """Ray CPUs reserved per rollout worker (it mostly waits on engines)."""
     synthetic_threads: int = Field(default=8, ge=1)
-    """Synthetic steps a worker sends to the experience model at once (threads; the replicas batch them)."""
+    """Synthetic steps a worker has in flight at once (threads; the replicas batch them). Synthetic episodes run
+    asynchronously: each acts again as soon as its own step returns (``dreamgym.rollout.run_episodes``)."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources each worker asks for (e.g. ``{"rollout_node": 1}`` pins the workers to the nodes
     started with ``ray start --resources '{"rollout_node": 8}'``). A worker reads no file of the driver's node."""

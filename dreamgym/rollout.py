@@ -1,12 +1,15 @@
-"""Rollouts: many episodes at once, in lockstep, against any ``Environment`` (real or synthetic).
+"""Rollouts: many episodes at once against any ``Environment`` (real or synthetic).
 
 No Ray here. ``run_episodes`` keeps one episode running on each environment instance it is given.
-Every *lockstep step* it gathers the agent turns ``(task, o_t, history)`` of all running episodes,
-asks the policy for all their actions in one batched ``act(turns)`` call (a ``PolicyEngine``'s
-``act``: one vLLM batch), then steps every environment with its action (in threads when the
-environment talks to a remote model, e.g. a ``SyntheticEnv`` over the experience-model router).
+Real environments run in *lockstep*: each step gathers the agent turns ``(task, o_t, history)`` of all
+running episodes, asks the policy for all their actions in one batched ``act(turns)`` call (a
+``PolicyEngine``'s ``act``: one vLLM batch), then steps every environment with its action. Environments
+that wait on a remote model (a ``SyntheticEnv`` over the experience-model router; ``threads`` above 1) run
+*asynchronously*: every episode whose step has returned acts in the next policy batch while the other steps
+are still in flight, so the experience model keeps all running episodes in its batch instead of idling
+until the slowest reply (a long one, or a retried malformed one) of a lockstep step is done.
 A finished episode's environment starts the next pending episode at once (continuous batching), so
-the policy batch stays full while long and short episodes mix.
+the batches stay full while long and short episodes mix.
 
 Each step becomes a ``Transition`` carrying the policy's tokens (prompt ids, reply ids, log-probs
 under the sampling policy ``pi_old``) and the weight version that sampled it, so the learner can
