@@ -374,9 +374,11 @@ def test_copy_baseline_and_a_copying_model_agree(coin: dict[str, Path]) -> None:
     base, m = r["copy_baseline"], r["model"]
     assert r["data"]["evaluated"] == 60 and r["data"]["unseen"] <= 60
     assert base["reward_acc"] >= 0.95 and base["done_acc"] >= 0.95 and base["token_f1"] > 0.7
-    for key in ("reward_acc", "done_acc", "success_acc", "exact", "token_f1"):
+    for key in ("reward_acc", "done_acc", "success_acc", "exact", "token_f1", "reward_rate"):
         assert m[key] == base[key], key
     assert m["invalid_rate"] == 0.0 and m["transitions_per_s"] > 0
+    # coin pays on one step of a successful episode: rare, and the copying model pays about as often
+    assert 0 < base["true_reward_rate"] < 0.5 and abs(m["reward_rate"] - m["true_reward_rate"]) <= 0.05
     table = format_table(r)
     assert "copy_baseline" in table and "model" in table and "unseen (s,a)" in table
     assert len(table.splitlines()) <= 20

@@ -9,6 +9,8 @@ store (the training data). Metrics, over all transitions and over the *unseen* o
 - ``exact``: next state equal after whitespace normalisation; ``token_f1``: bag-of-words F1 of the
   next state (lower-cased words);
 - ``invalid_rate``: predictions with no parseable reply (they count as wrong in every metric);
+- ``reward_rate`` beside ``true_reward_rate``: the share of transitions predicted to pay a reward, and the
+  share that did (a model that pays too often teaches the policy that success is easy);
 - ``transitions_per_s``: predictions per wall-clock second of the predict calls.
 
 The copy baseline predicts the top-1 demonstration's next state, reward, done and success.
@@ -121,6 +123,7 @@ def score(
             if not p.valid:
                 acc["invalid"] += 1
                 continue
+            acc["paid"] += p.reward > 0
             acc["reward"] += abs(p.reward - t.reward) <= 1e-3
             acc["done"] += p.done == done_label(t, step_budget)
             acc["success"] += p.success == (t.success and t.done)
@@ -128,7 +131,9 @@ def score(
             acc["f1"] += token_f1(p.next_state, t.next_state)
         return {"n": n, "reward_acc": round(acc["reward"] / n, 4), "done_acc": round(acc["done"] / n, 4),
                 "success_acc": round(acc["success"] / n, 4), "exact": round(acc["exact"] / n, 4),
-                "token_f1": round(acc["f1"] / n, 4), "invalid_rate": round(acc["invalid"] / n, 4)}
+                "token_f1": round(acc["f1"] / n, 4), "invalid_rate": round(acc["invalid"] / n, 4),
+                "reward_rate": round(acc["paid"] / n, 4),
+                "true_reward_rate": round(sum(it.transition.reward > 0 for it, _ in pairs) / n, 4)}
 
     pairs = list(zip(items, preds, strict=True))
     result = block(pairs)
