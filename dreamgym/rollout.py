@@ -306,8 +306,6 @@ def run_episodes(
                 start(freed)
             if on_step is not None:
                 on_step(stats)
-        if waiting_since is not None:
-            stats.env_seconds += time.perf_counter() - waiting_since
 
     try:
         start(list(range(len(envs))))
