@@ -7,6 +7,7 @@ config), ``metrics.jsonl`` (one JSON object per line) and whatever the command p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -39,6 +40,12 @@ class MetricsLog:
             f.write(json.dumps(record, default=str) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
+        """Every record; a last line cut short (the process died mid-write) is left out."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        records = [json.loads(line) for line in lines[:-1]]
+        if lines:
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(lines[-1]))
+        return records

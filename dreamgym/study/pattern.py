@@ -16,9 +16,10 @@ than the game trains a policy for another game).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from dreamgym.runs import MetricsLog
 
 #: Ablation arms: each should stay below ``dreamgym``.
 ABLATIONS = ("no-retrieval", "no-reasoning", "no-task-generation")
@@ -34,13 +35,7 @@ def training_diagnostics(run_dir: Path) -> dict[str, Any]:
     groups = mixed = 0.0
     synthetic_success: list[float] = []
     agreement: list[float] = []
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
+    for r in MetricsLog(run_dir).read():
         if r.get("event") != "iteration":
             continue
         g = r.get("groups") or {}
