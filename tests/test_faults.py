@@ -23,6 +23,7 @@ from test_train import _read_metrics, _reward_by_action, _webarena_offline, tiny
 
 from dreamgym.config import GuardConfig, validate_config
 from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
+from dreamgym.runs import MetricsLog
 
 
 def _stats(steps: int, invalid: int, episodes: int, invalid_eps: int, paid: int, agree: int) -> dict[str, Any]:
@@ -95,16 +96,20 @@ def test_the_guard_stops_training_when_the_simulator_goes_bad(ray_cluster, tmp_p
 
     broken = threading.Event()
 
-    def reply(body: dict[str, Any]) -> str:
-        return "" if broken.is_set() else _reward_by_action(body)
-
     def first_iteration_done() -> bool:
-        return any(r["event"] == "iteration" for run in tmp_path.glob("t-train-*") for r in _read_metrics(run))
+        return any(r["event"] == "iteration" for run in tmp_path.glob("t-train-*") for r in MetricsLog(run).read())
+
+    def reply(body: dict[str, Any]) -> str:
+        # Checked on each request, not polled from a thread: with ``max_staleness 0`` iteration 2 launches only
+        # after iteration 1's record is written, so every reply of iteration 2 is empty (a poller could be late).
+        if not broken.is_set() and first_iteration_done():
+            broken.set()
+        return "" if broken.is_set() else _reward_by_action(body)
 
     offline = _webarena_offline(tmp_path / "webarena.parquet")
     with ScriptedOpenAIServer(reply) as server:
-        cfg = _synthetic_webarena(tmp_path, server.url, offline, train={"guard": {"window": 1, "min_steps": 4}})
-        _when(first_iteration_done, broken.set)
+        cfg = _synthetic_webarena(tmp_path, server.url, offline,
+                                  train={"guard": {"window": 1, "min_steps": 4}, "max_staleness": 0})
         with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
             run_train(cfg)
     run_dir = next(tmp_path.glob("t-train-*"))
