@@ -140,7 +140,8 @@ class RolloutWorker:
         retrieve = self._retrieve if self.replay is not None and em.top_k > 0 else None
         return [SyntheticEnv(self._experience, retrieve, self.cfg.env.name, top_k=em.top_k,
                              max_steps=self.cfg.env.max_steps, state_max_chars=self.cfg.env.state_max_chars,
-                             initial_state=self._initial_state, admissible=self.facts.admissible)
+                             initial_state=self._initial_state, admissible=self.facts.admissible,
+                             action_space=self.facts.action_space)
                 for _ in range(self.cfg.train.rollout.envs_per_worker)]
 
     def _retrieve(self, state: str, action: str, k: int) -> list[Demonstration]:

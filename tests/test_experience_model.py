@@ -179,6 +179,23 @@ def test_inadmissible_action_is_settled_by_the_admissible_list() -> None:
     assert ExperienceModel(client, inadmissible="model").predict_one(_query(action="dance")).success
 
 
+def test_an_action_no_real_state_accepts_is_settled_where_the_state_has_no_list() -> None:
+    """A state the experience model wrote has no admissible list; the environment's action space (every action
+    real data accepted somewhere) still rules out prose and paraphrases, which the model used to pay for."""
+    client, seen = _scripted([VALID, VALID])
+    model = ExperienceModel(client)
+    space = frozenset({"go north", "take coin", "look"})
+    for prose in ("You take the coin and it is yours", "take the coin"):
+        p = model.predict_one(_query(action=prose, admissible_actions=None, action_space=space))
+        assert p.settled and p.reward == 0.0 and not p.success and "of this environment" in p.reasoning
+    assert seen == [] and model.stats.settled == 2
+    # An action some real state accepts goes to the model (it knows whether this state accepts it).
+    assert model.predict_one(_query(action="take coin", admissible_actions=None, action_space=space)).success
+    assert len(seen) == 1
+    # The state's own list comes first: "look" is in the space but not valid here.
+    assert model.predict_one(_query(action="look", admissible_actions=["go north"], action_space=space)).settled
+
+
 # ---------------------------------------------------------------------------------------------
 # Retrieval, SyntheticEnv, gymnasium
 
@@ -210,6 +227,26 @@ def _copy_top1(messages: list[Message], s: Sampling) -> str:
     assert m, "the prompt has no demonstration"
     state, r, d, s_ = m.groups()
     return format_reply(state, float(r), d == "true", s_ == "true", "copy the closest real transition")
+
+
+def test_synthetic_env_never_pays_for_an_action_outside_the_action_space(coin: dict[str, Path]) -> None:
+    """After the model writes a state real data never saw, the state has no admissible list: prose from the
+    policy is settled by the action space (reward 0, counted inadmissible), a real command reaches the model."""
+    index = TransitionIndex.from_parquet(coin["train"])
+    assert {"take coin", "look around"} <= (index.action_space() or set())
+    new_room = format_reply("You are in a greenhouse. You see a coin.", 0.0, False, False, "a new room")
+    win = format_reply("You take the coin.", 1.0, True, True, "the coin is taken")
+    client, seen = _scripted([new_room, win])
+    env = synthetic_env_from_index(ExperienceModel(client), index, "twx:coin", max_steps=6)
+    obs = env.reset(env.tasks(1)[0])
+    obs = env.step(sorted(obs.admissible_actions or [])[0]).observation
+    assert obs.admissible_actions is None and len(seen) == 1  # a state the model wrote
+    for prose in ("You take the coin and it is yours", "take the coin"):
+        res = env.step(prose)
+        assert res.reward == 0.0 and not res.done and res.info["admissible"] is False and res.info["settled"]
+    assert len(seen) == 1
+    res = env.step("take coin")
+    assert res.success and res.reward == 1.0 and len(seen) == 2
 
 
 def test_synthetic_env_runs_an_episode_with_retrieval(coin: dict[str, Path]) -> None:

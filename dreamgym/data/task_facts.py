@@ -3,8 +3,9 @@
 DreamGym trains in the experience model; the real environment is needed only to evaluate and for real
 iterations. Everything else a synthetic episode needs comes from the offline data: the tasks seen (with
 their instructions), each task's initial state ``s_0`` (the most common step-0 state of its episodes) and
-the valid actions recorded per state. ``OfflineTaskFacts`` collects them in one pass; the rollout workers,
-the curriculum (its seed tasks in synthetic-only runs) and ``TransitionIndex`` share it.
+the valid actions recorded per state (and their union, the action space). ``OfflineTaskFacts`` collects them
+in one pass; the rollout workers, the curriculum (its seed tasks in synthetic-only runs) and
+``TransitionIndex`` share it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class OfflineTaskFacts:
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._initial: dict[str, Counter[str]] = {}
         self._admissible: dict[str, list[str]] = {}
+        self._actions: set[str] = set()
         for t in transitions:
             self.add(t)
 
@@ -44,7 +46,9 @@ class OfflineTaskFacts:
     def add_state(self, state: str, admissible: Iterable[str] | None) -> None:
         """Record the valid actions of ``state`` (the first list seen for a state is kept)."""
         if admissible is not None:
-            self._admissible.setdefault(state, list(admissible))
+            acts = list(admissible)
+            self._admissible.setdefault(state, acts)
+            self._actions.update(acts)
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -68,3 +72,8 @@ class OfflineTaskFacts:
         """The valid actions recorded for exactly this state, if it was seen."""
         acts = self._admissible.get(state)
         return list(acts) if acts is not None else None
+
+    def action_space(self) -> frozenset[str] | None:
+        """Every action recorded as valid in some state (None when the data records no valid actions, e.g.
+        WebArena): synthesis settles an action outside it as a failure in a state it has no list for."""
+        return frozenset(self._actions) if self._actions else None

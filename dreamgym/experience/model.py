@@ -55,12 +55,15 @@ class ExperienceModel:
 
     # ------------------------------------------------------------------------------------------
     def settle(self, q: ExperienceQuery) -> Prediction | None:
-        """The failure-state prediction when the admissible list rules the action out, else None."""
-        if self.inadmissible != "settle" or q.admissible_actions is None or q.action in q.admissible_actions:
+        """The failure-state prediction when the state's admissible list (or, for a state without one, the
+        environment's action space) rules the action out, else None."""
+        valid = q.admissible_actions if q.admissible_actions is not None else q.action_space
+        if self.inadmissible != "settle" or valid is None or q.action in valid:
             return None
+        where = "in this state" if q.admissible_actions is not None else "of this environment"
         return Prediction(
             next_state=template_for(q.env).invalid_action_state, reward=0.0, done=False, success=False,
-            reasoning=f"'{q.action}' is not one of the valid actions in this state, so the environment does "
+            reasoning=f"'{q.action}' is not one of the valid actions {where}, so the environment does "
                       "not carry it out: failure state, reward 0, the episode goes on.",
             settled=True,
         )

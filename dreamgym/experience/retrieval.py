@@ -142,3 +142,6 @@ class TransitionIndex:
 
     def admissible(self, state: str) -> list[str] | None:
         return self.facts.admissible(state)
+
+    def action_space(self) -> frozenset[str] | None:
+        return self.facts.action_space()

@@ -4,6 +4,7 @@ demonstrations are the wire type ``dreamgym.types.Demonstration``, the record th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +40,11 @@ class ExperienceQuery:
     """Top-k retrieved real transitions, most similar first (the prompt reads their transition fields)."""
     admissible_actions: list[str] | None = None
     """Valid actions in ``s_t`` where known; an action outside this list is settled as a failure."""
+    action_space: Collection[str] | None = None
+    """Every action real data recorded as valid in some state of this environment, where known. When
+    ``s_t``'s own list is unknown (a state the experience model wrote), an action outside this set is settled
+    as a failure too: no real state accepts it, so the model must not pay for it (it paid for prose such as
+    "You take the coin" and for "take the coin", and the policy learned to write them)."""
     reward_so_far: float = 0.0
     """Reward the episode has earned before this step (the family's reward rule bounds what is left)."""
 

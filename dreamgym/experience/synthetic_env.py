@@ -17,14 +17,15 @@ An invalid prediction (every attempt malformed) ends the episode with reward 0, 
 Initial states come from ``task.params['initial_state']`` or from ``initial_state(task)`` (e.g.
 ``TransitionIndex.initial_state``: the state real episodes of that task started from). Valid actions
 of a state come from ``admissible(state)`` when given (e.g. ``TransitionIndex.admissible``: the list
-recorded for that exact state in real data), else they are unknown and the model decides whether an
-action is admissible.
+recorded for that exact state in real data). A state with no list (one the experience model wrote) is checked
+against ``action_space()``, every action real data accepts: an action outside it is settled as a failure with
+no model call, so the model never pays for text no real state accepts; inside it, the model decides.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import ClassVar, Protocol
 
 from dreamgym.envs.base import Environment
@@ -51,9 +52,11 @@ class SyntheticEnv(Environment):
         task_source: Callable[[int, int, str], list[Task]] | None = None,
         initial_state: Callable[[Task], str | None] | None = None,
         admissible: Callable[[str], list[str] | None] | None = None,
+        action_space: Callable[[], Collection[str] | None] | None = None,
     ) -> None:
         """``env``: spec of the imitated real environment (``twx:coin``); tasks of that spec are accepted.
-        ``retrieve=None`` runs without demonstrations (the "no replay retrieval" ablation)."""
+        ``retrieve=None`` runs without demonstrations (the "no replay retrieval" ablation). ``action_space``:
+        every action real data accepts (``OfflineTaskFacts.action_space``), for states with no admissible list."""
         super().__init__(f"synthetic:{env}", max_steps=max_steps, state_max_chars=state_max_chars)
         self.imitated = env
         self.model = model
@@ -63,6 +66,7 @@ class SyntheticEnv(Environment):
         self._task_source = task_source
         self._initial_state = initial_state
         self._admissible = admissible
+        self._action_space = action_space
         self._task: Task | None = None
         self._state = ""
         self._valid: list[str] | None = None
@@ -132,13 +136,13 @@ class SyntheticEnv(Environment):
         return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
             history=list(self._history), demonstrations=demos, admissible_actions=self._valid,
-            reward_so_far=self._return,
+            reward_so_far=self._return, action_space=self._action_space() if self._action_space else None,
         )
 
     def apply(self, action: str, pred: Prediction) -> StepResult:
         """Advance the episode with the experience model's prediction for ``query(action)``."""
         assert self._task is not None
-        admissible = None if self._valid is None else action in self._valid
+        admissible = (action in self._valid) if self._valid is not None else (False if pred.settled else None)
         info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
                 "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
                 "admissible": admissible, "demonstrations": self._last_demos}
@@ -174,6 +178,7 @@ class TaskFacts(Protocol):
     def tasks(self, count: int | None = None, first: int = 0) -> list[Task]: ...
     def initial_state(self, task: Task) -> str | None: ...
     def admissible(self, state: str) -> list[str] | None: ...
+    def action_space(self) -> frozenset[str] | None: ...
 
 
 def synthetic_env_from_index(
@@ -188,6 +193,7 @@ def synthetic_env_from_index(
         task_source=lambda count, first, split: index.tasks(count, first),
         initial_state=index.initial_state,
         admissible=index.admissible,
+        action_space=index.action_space,
     )
 
 
