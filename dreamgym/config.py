@@ -741,8 +741,9 @@ class ExperienceModelConfig(Section):
     """Refuse (retry, then count as invalid) replies that break the environment family's reward rule
     (``dreamgym/envs/reward_rules.py``: e.g. ``coin`` pays 1 once, on the step that takes the coin)."""
     inadmissible: Literal["settle", "model"] = "settle"
-    """An action outside the environment's known admissible list: ``settle`` returns the failure state
-    with reward 0 without a model call; ``model`` lets the experience model decide."""
+    """An action outside the environment's known admissible list (the state's own list where real data
+    recorded it, else the action space: every action recorded valid in some state): ``settle`` returns the
+    failure state with reward 0 without a model call; ``model`` lets the experience model decide."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Timeout of one batch of requests to the backend."""
     http_concurrency: int = Field(default=32, ge=1)

@@ -134,9 +134,11 @@ def test_s2r_with_a_vllm_experience_replica_and_a_real_budget(ray_cluster, tmp_p
 
     # invalid_episodes drop: an episode an invalid transition ended leaves the batch whole (``truncate``, the
     # default, keeps its valid prefix: tests/test_rollout.py)
-    cfg = validate_config(tiny_config(tmp_path, train={"mode": "s2r", "iterations": 3, "synthetic_iterations": 1,
-                                                       "real_budget": 10, "checkpoint_every": 0,
-                                                       "invalid_episodes": "drop"}))
+    # inadmissible: model: the tiny policy writes no valid action, and settling them (the default) would keep
+    # every step from the replica whose invalid replies this test counts
+    cfg = validate_config(tiny_config(tmp_path, experience_model={"inadmissible": "model"},
+                                      train={"mode": "s2r", "iterations": 3, "synthetic_iterations": 1,
+                                             "real_budget": 10, "checkpoint_every": 0, "invalid_episodes": "drop"}))
     s = run_train(cfg)
     records = _check_run_dir(Path(s["run_dir"]), s["iterations"])
     iters = [r for r in records if r["event"] == "iteration"]
