@@ -142,7 +142,9 @@ class SyntheticEnv(Environment):
     def apply(self, action: str, pred: Prediction) -> StepResult:
         """Advance the episode with the experience model's prediction for ``query(action)``."""
         assert self._task is not None
-        admissible = (action in self._valid) if self._valid is not None else (False if pred.settled else None)
+        # In a state the model wrote, "admissible" means inside the action space (the best the data knows).
+        valid = self._valid if self._valid is not None else (self._action_space() if self._action_space else None)
+        admissible = None if valid is None else action in valid
         info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
                 "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
                 "admissible": admissible, "demonstrations": self._last_demos}
