@@ -24,7 +24,7 @@ class OfflineTaskFacts:
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._initial: dict[str, Counter[str]] = {}
         self._admissible: dict[str, list[str]] = {}
-        self._actions: set[str] = set()
+        self._actions: frozenset[str] = frozenset()  # replaced, never mutated: rollout threads read it per step
         for t in transitions:
             self.add(t)
 
@@ -48,7 +48,8 @@ class OfflineTaskFacts:
         if admissible is not None:
             acts = list(admissible)
             self._admissible.setdefault(state, acts)
-            self._actions.update(acts)
+            if not self._actions.issuperset(acts):
+                self._actions = self._actions.union(acts)
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -76,4 +77,4 @@ class OfflineTaskFacts:
     def action_space(self) -> frozenset[str] | None:
         """Every action recorded as valid in some state (None when the data records no valid actions, e.g.
         WebArena): synthesis settles an action outside it as a failure in a state it has no list for."""
-        return frozenset(self._actions) if self._actions else None
+        return self._actions or None

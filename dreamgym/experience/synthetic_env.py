@@ -136,14 +136,17 @@ class SyntheticEnv(Environment):
         return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
             history=list(self._history), demonstrations=demos, admissible_actions=self._valid,
-            reward_so_far=self._return, action_space=self._action_space() if self._action_space else None,
+            reward_so_far=self._return, action_space=self._space(),
         )
+
+    def _space(self) -> Collection[str] | None:
+        return self._action_space() if self._action_space else None
 
     def apply(self, action: str, pred: Prediction) -> StepResult:
         """Advance the episode with the experience model's prediction for ``query(action)``."""
         assert self._task is not None
         # In a state the model wrote, "admissible" means inside the action space (the best the data knows).
-        valid = self._valid if self._valid is not None else (self._action_space() if self._action_space else None)
+        valid = self._valid if self._valid is not None else self._space()
         admissible = None if valid is None else action in valid
         info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
                 "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
