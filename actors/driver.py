@@ -100,6 +100,33 @@ class Launched:
     """Text-only task variants left out of a real iteration (``Schedule.trainable_tasks``)."""
 
 
+#: Rollout seed offset of an iteration's extra rounds (``train.resample``): round ``r`` samples with
+#: ``iteration + r * stride``, clear of the seeds of the other iterations' first rounds.
+RESAMPLE_SEED_STRIDE = 100_003
+
+
+@dataclass
+class Gathered:
+    """An iteration's collected episodes: their learnable part, GRPO groups, the fresh groups the learner takes,
+    and the groups the curriculum has not recorded yet (``train.resample`` records each round it extends)."""
+
+    learnable: list[Trajectory]
+    groups: list[Group]
+    fresh: list[Group]
+    unrecorded: list[Group]
+
+
+def merge_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One iteration's rollout stats from its rounds (``train.resample``), which ran one after the other."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out = _merge_stats(rounds)
+    out["seconds"] = sum(r["seconds"] for r in rounds)
+    out["real_resets"] = max(r["real_resets"] for r in rounds)
+    out["lost_tasks"] = sum(r["lost_tasks"] for r in rounds)
+    return out
+
+
 def _merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     total = RolloutStats()
     extra: dict[str, float] = {}
@@ -326,7 +353,8 @@ class Run:
                                                        # ``train.max_staleness >= 1``)
         """
         st, log = self.state, IterationLog(self.state)
-        learnable, groups, fresh = self.collect_groups(launched, log)
+        got = self.collect_groups(launched, log)
+        learnable, fresh = got.learnable, got.fresh
         if launched.phase == "synthetic":
             self.guard_simulator(log)
         nxt = self.launch(launched.iteration + 1) if self.overlaps_next(launched.iteration + 1) else None
@@ -340,7 +368,7 @@ class Run:
             with log.timed("sync"):
                 sync = self.remote(self.a.learner.sync.remote(self.a.engines), f"the weight sync of "
                                    f"v{int(lm['version'])} to {len(self.a.engines)} policy engine(s)")
-        cm = ray.get(self.a.curriculum.step.remote(groups))
+        cm = ray.get(self.a.curriculum.step.remote(got.unrecorded))  # earlier rounds were recorded as they ended
         st.iteration = launched.iteration + 1
         log.note(learner=lm, sync=sync, replay=added.to_dict(),
                  curriculum={k: v for k, v in cm.items() if not isinstance(v, list)})
@@ -367,30 +395,62 @@ class Run:
         learner steps on ``t``'s groups."""
         return self.cfg.train.max_staleness >= 1 and self.can_launch(iteration)
 
-    def collect_groups(self, launched: Launched, log: IterationLog) -> tuple[list[Trajectory], list[Group],
-                                                                            list[Group]]:
+    def collect_groups(self, launched: Launched, log: IterationLog) -> Gathered:
         """The learnable part of the iteration's trajectories (``learnable_part``: what the replay buffer and the
-        learner may take), its GRPO groups, and the groups fresh enough to learn from."""
-        st, phase = self.state, launched.phase
-        got = self.collect(launched.calls, launched.iteration + 1, phase)
-        trajs, s = got.trajectories, got.stats
-        log.add(phase, time.perf_counter() - launched.started, int(s["episodes"]), int(s["steps"]))
-        if phase == "real":
-            st.real_transitions += int(s["steps"])
-        else:
-            st.synthetic_transitions += int(s["steps"])
-            st.invalid_transitions += int(s["invalid_transitions"])
-        st.real_resets = max(st.real_resets, int(s["real_resets"]))
-        self.progress.rollouts(launched.iteration + 1, phase, s, st.real_transitions, self.cfg.train.real_budget)
-        learnable = [p for p in (learnable_part(t, self.cfg.train.invalid_episodes) for t in trajs) if p is not None]
-        groups, small = group_trajectories(learnable, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2)
-        left_out = len(trajs) - len(learnable) + small
+        learner may take), its GRPO groups, and the groups fresh enough to learn from.
+
+        With ``train.resample`` on, an iteration whose groups fall short of ``min_mixed_groups`` with reward
+        variance runs further rounds of curriculum tasks (the curriculum records each finished round first, so
+        that selection moves past the tasks whose groups all earned the same reward)."""
+        st, phase, n = self.state, launched.phase, self.cfg.learner.group_size
+        want, extra = self.cfg.train.resample.min_mixed_groups, self.cfg.train.resample.rounds(phase)
+        calls, started, tasks = launched.calls, launched.started, list(launched.tasks)
+        learnable: list[Trajectory] = []
+        groups: list[Group] = []
+        recorded: list[Group] = []
+        stats: list[dict[str, Any]] = []
+        left_out = skipped = 0
+        for rnd in range(extra + 1):
+            got = self.collect(calls, launched.iteration + 1, phase)
+            trajs, s = got.trajectories, got.stats
+            log.add(phase, time.perf_counter() - started, int(s["episodes"]), int(s["steps"]))
+            if phase == "real":
+                st.real_transitions += int(s["steps"])
+            else:
+                st.synthetic_transitions += int(s["steps"])
+                st.invalid_transitions += int(s["invalid_transitions"])
+            st.real_resets = max(st.real_resets, int(s["real_resets"]))
+            stats.append(s)
+            self.progress.rollouts(launched.iteration + 1, phase, s, st.real_transitions, self.cfg.train.real_budget)
+            kept = [p for p in (learnable_part(t, self.cfg.train.invalid_episodes) for t in trajs) if p is not None]
+            got_groups, small = group_trajectories(kept, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2)
+            learnable += kept
+            groups += got_groups
+            left_out += len(trajs) - len(kept) + small
+            mixed = int(group_stats(groups)["mixed_groups"])
+            spent = phase == "real" and not self.schedule.budget_left(st.real_transitions)
+            if mixed >= want or rnd == extra or spent:
+                break
+            ray.get(self.a.curriculum.update.remote(got_groups))
+            recorded += got_groups
+            more, n_skipped = self.schedule.trainable_tasks(ray.get(self.a.curriculum.select.remote()), phase)
+            if not more:
+                break
+            self.progress.line(launched.iteration + 1, phase,
+                               f"{mixed} of {want} groups with reward variance: round {rnd + 2} of {extra + 1}, "
+                               f"{len(more)} more tasks (train.resample)")
+            skipped += n_skipped
+            tasks += more
+            started = time.perf_counter()
+            seed = launched.iteration + RESAMPLE_SEED_STRIDE * (rnd + 1)
+            calls = self.rollouts(repeat_tasks(more, n), phase, seed=seed)
+        merged = merge_rounds(stats)
         version = int(self.remote(self.a.learner.version.remote(), "asking the learner its weight version"))
         fresh, stale = split_stale(groups, version, self.cfg.train.max_staleness)
-        log.note(phase=phase, rollout=s, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
-                 rollout_seconds=log.seconds[phase], skipped_llm_tasks=launched.skipped_llm_tasks,
-                 tasks=[t.task_id for t in launched.tasks])
-        return learnable, groups, fresh
+        log.note(phase=phase, rollout=merged, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
+                 rollout_seconds=log.seconds[phase], rounds=len(stats),
+                 skipped_llm_tasks=launched.skipped_llm_tasks + skipped, tasks=[t.task_id for t in tasks])
+        return Gathered(learnable, groups, fresh, [g for g in groups if not any(g is r for r in recorded)])
 
     def end_iteration(self, log: IterationLog, curriculum: dict[str, Any]) -> None:
         """The iteration's status line and metrics record; then evaluation and checkpoint when they are due."""

@@ -887,6 +887,34 @@ class GuardConfig(Section):
     """Lowest share of valid synthetic episodes whose reward agrees with their success (0: off)."""
 
 
+class ResampleConfig(Section):
+    """``train.resample``: more groups for an iteration whose groups carry too little reward variance.
+
+    A GRPO group whose ``n`` episodes all earn the same reward has zero group advantages: it teaches the learner
+    nothing, and an iteration made only of such groups takes no learner step. With a policy at ~70% success most
+    groups of 4 are all-success (0.7^4 = 24%) or come from tasks it always solves, so on the default run half the
+    iterations skipped the learner. Here the curriculum records the round's groups (their tasks' ``V_tau`` falls
+    to zero, so selection moves on to other tasks) and another round of ``curriculum.tasks_per_iteration``
+    tasks runs, until ``min_mixed_groups`` groups have reward variance or the phase's extra rounds are spent.
+    All rounds' groups go to one learner step (the dynamic sampling of DAPO, Yu et al. 2025, by rounds).
+    A real round spends real transitions (within ``train.real_budget``); a synthetic round costs experience-model
+    calls, minutes on a CPU, hence the separate limits.
+    """
+
+    min_mixed_groups: int = Field(default=0, ge=0)
+    """Groups with reward variance an iteration should reach before its learner step. 0: off (one round)."""
+    real_rounds: int = Field(default=2, ge=0)
+    """Most extra rounds of a real iteration."""
+    synthetic_rounds: int = Field(default=1, ge=0)
+    """Most extra rounds of a synthetic iteration."""
+
+    def rounds(self, phase: str) -> int:
+        """Extra rounds allowed in ``phase`` (0 when resampling is off)."""
+        if not self.min_mixed_groups:
+            return 0
+        return self.real_rounds if phase == "real" else self.synthetic_rounds
+
+
 class TrainConfig(Section):
     """``dreamgym train``: the DreamGym loop (``actors/driver.py``). The GRPO group size ``n`` is
     ``learner.group_size``; the tasks per iteration are ``curriculum.tasks_per_iteration``."""
@@ -933,6 +961,8 @@ class TrainConfig(Section):
     engine died, a rollout worker spent its restarts): every actor is started again, the replay buffer reopens
     its storage with every acknowledged transition, and the iterations after the checkpoint run again.
     0: stop with a message that says how to resume by hand."""
+    resample: ResampleConfig = Field(default_factory=ResampleConfig)
+    """Extra rounds of tasks for an iteration whose groups lack reward variance (off by default)."""
     guard: GuardConfig = Field(default_factory=GuardConfig)
     """The simulator guard: invalid-reply and reward-rate thresholds over a window of synthetic iterations."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

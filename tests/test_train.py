@@ -262,6 +262,41 @@ def test_synthetic_training_needs_no_real_environment_and_takes_learner_steps(ra
     assert "synthetic episodes whose reward agrees with their success: 100%" in report
 
 
+def _pays_nothing_on_task_0(body: dict[str, Any]) -> str:
+    """Task 0's episodes all earn 0 (a group without reward variance); task 1's are paid by action text."""
+    if "Task: Open the page of task 0." in body["messages"][-1]["content"]:
+        return format_reply("RootWebArea 'Done'", 0.0, True, False, "nothing happens")
+    return _reward_by_action(body)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+def test_an_iteration_without_reward_variance_runs_another_round_of_tasks(ray_cluster, tmp_path: Path) -> None:
+    """``train.resample``: the first round's only group (task 0) has no reward variance, so the curriculum records
+    it and the iteration runs task 1 as well; both groups reach one learner step, and the curriculum counts each
+    group once."""
+    from actors.driver import run_train
+
+    offline = _webarena_offline(tmp_path / "webarena.parquet")
+    with ScriptedOpenAIServer(_pays_nothing_on_task_0) as server:
+        cfg = validate_config(tiny_config(
+            tmp_path, env={"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
+            experience_model={"backend": "http", "url": server.url, "top_k": 1},
+            curriculum={"seed_tasks": 2, "tasks_per_iteration": 1, "generated_fraction": 0.0, "llm_variants": 0,
+                        "param_variants": 0},
+            learner={"group_size": 6},
+            train={"mode": "synthetic", "iterations": 1, "offline_data": str(offline),
+                   "resample": {"min_mixed_groups": 1, "synthetic_rounds": 2},
+                   "warm_start": {"method": "none"}, "eval": {"enabled": False}}))
+        s = run_train(cfg)
+    (it,) = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
+    assert it["rounds"] == 2 and it["tasks"] == ["remote:webarena/0", "remote:webarena/1"], it
+    assert it["groups"]["groups"] == 2 and it["groups"]["mixed_groups"] == 1
+    assert it["rollout"]["episodes"] == 12 and it["curriculum"]["groups"] == 2
+    assert s["learner_steps"] == 1 and int(it["learner"]["version"]) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.engine
