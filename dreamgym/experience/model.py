@@ -57,7 +57,7 @@ class ExperienceModel:
     def settle(self, q: ExperienceQuery) -> Prediction | None:
         """The failure-state prediction when the state's admissible list (or, for a state without one, the
         environment's action space) rules the action out, else None."""
-        valid = q.admissible_actions if q.admissible_actions is not None else q.action_space
+        valid = q.valid_actions()
         if self.inadmissible != "settle" or valid is None or q.action in valid:
             return None
         where = "in this state" if q.admissible_actions is not None else "of this environment"

@@ -22,6 +22,12 @@ class HistoryStep:
     state: str
 
 
+def valid_actions(admissible: Collection[str] | None, action_space: Collection[str] | None) -> Collection[str] | None:
+    """The actions a state accepts: its own admissible list where known; in a state the experience model wrote
+    (no list), the action space, every action real data accepts somewhere; ``None`` when neither is known."""
+    return admissible if admissible is not None else action_space
+
+
 @dataclass
 class ExperienceQuery:
     """Everything the experience model conditions on for one step ``(s_t, a_t)``."""
@@ -47,6 +53,10 @@ class ExperienceQuery:
     "You take the coin" and for "take the coin", and the policy learned to write them)."""
     reward_so_far: float = 0.0
     """Reward the episode has earned before this step (the family's reward rule bounds what is left)."""
+
+    def valid_actions(self) -> Collection[str] | None:
+        """What the action is judged against: ``s_t``'s admissible list, else the action space (``valid_actions``)."""
+        return valid_actions(self.admissible_actions, self.action_space)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dreamgym.envs.base import Environment
 from dreamgym.errors import EnvironmentSpecError
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.retrieval import Retriever
-from dreamgym.experience.schema import ExperienceQuery, HistoryStep, Prediction
+from dreamgym.experience.schema import ExperienceQuery, HistoryStep, Prediction, valid_actions
 from dreamgym.experience.templates import state_rules_for
 from dreamgym.types import Demonstration, Observation, StepResult, Task
 
@@ -145,8 +145,7 @@ class SyntheticEnv(Environment):
     def apply(self, action: str, pred: Prediction) -> StepResult:
         """Advance the episode with the experience model's prediction for ``query(action)``."""
         assert self._task is not None
-        # In a state the model wrote, "admissible" means inside the action space (the best the data knows).
-        valid = self._valid if self._valid is not None else self._space()
+        valid = valid_actions(self._valid, self._space())  # as the model's settle judged it
         admissible = None if valid is None else action in valid
         info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
                 "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
