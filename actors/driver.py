@@ -437,8 +437,8 @@ class Run:
             if not more:
                 break
             self.progress.line(launched.iteration + 1, phase,
-                               f"{mixed} of {want} groups with reward variance: round {rnd + 2} of {extra + 1}, "
-                               f"{len(more)} more tasks (train.resample)")
+                               f"{mixed} group(s) with reward variance, {want} wanted: round {rnd + 2} of "
+                               f"{extra + 1}, {len(more)} more tasks (train.resample)")
             skipped += n_skipped
             tasks += more
             started = time.perf_counter()
