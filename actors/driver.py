@@ -107,11 +107,10 @@ RESAMPLE_SEED_STRIDE = 100_003
 
 @dataclass
 class Gathered:
-    """An iteration's collected episodes: their learnable part, GRPO groups, the fresh groups the learner takes,
-    and the groups the curriculum has not recorded yet (``train.resample`` records each round it extends)."""
+    """An iteration's collected episodes: their learnable part, the fresh groups the learner takes, and the groups
+    the curriculum has not recorded yet (``train.resample`` records each round it extends: at most the last one)."""
 
     learnable: list[Trajectory]
-    groups: list[Group]
     fresh: list[Group]
     unrecorded: list[Group]
 
@@ -407,7 +406,7 @@ class Run:
         calls, started, tasks = launched.calls, launched.started, list(launched.tasks)
         learnable: list[Trajectory] = []
         groups: list[Group] = []
-        recorded: list[Group] = []
+        unrecorded: list[Group] = []
         stats: list[dict[str, Any]] = []
         left_out = skipped = 0
         for rnd in range(extra + 1):
@@ -426,13 +425,14 @@ class Run:
             got_groups, small = group_trajectories(kept, min_size=1 if self.cfg.learner.algorithm == "ppo" else 2)
             learnable += kept
             groups += got_groups
+            unrecorded = got_groups
             left_out += len(trajs) - len(kept) + small
             mixed = int(group_stats(groups)["mixed_groups"])
             spent = phase == "real" and not self.schedule.budget_left(st.real_transitions)
             if mixed >= want or rnd == extra or spent:
                 break
             ray.get(self.a.curriculum.update.remote(got_groups))
-            recorded += got_groups
+            unrecorded = []
             more, n_skipped = self.schedule.trainable_tasks(ray.get(self.a.curriculum.select.remote()), phase)
             if not more:
                 break
@@ -450,7 +450,7 @@ class Run:
         log.note(phase=phase, rollout=merged, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
                  rollout_seconds=log.seconds[phase], rounds=len(stats),
                  skipped_llm_tasks=launched.skipped_llm_tasks + skipped, tasks=[t.task_id for t in tasks])
-        return Gathered(learnable, groups, fresh, [g for g in groups if not any(g is r for r in recorded)])
+        return Gathered(learnable, fresh, unrecorded)
 
     def end_iteration(self, log: IterationLog, curriculum: dict[str, Any]) -> None:
         """The iteration's status line and metrics record; then evaluation and checkpoint when they are due."""
