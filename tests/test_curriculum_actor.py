@@ -44,8 +44,11 @@ def _groups(batch: list[Task], rng: random.Random) -> list[Group]:
 
 def test_curriculum_actor_in_local_ray(ray_cluster: Any) -> None:
     ray = ray_cluster
+    # A step budget no coin plan comes near: the engine's expert walks are random (the shortest of several is
+    # the plan), so a budget close to a plan's length would let the feasibility verdict, not the curriculum,
+    # decide which variant each actor accepts.
     cfg = load_config(overrides={
-        "env": {"name": "twx:coin"},
+        "env": {"name": "twx:coin", "max_steps": 60},
         "curriculum": {"seed_tasks": 8, "tasks_per_iteration": 4, "generated_fraction": 0.5,
                        "llm_variants": 2, "param_variants": 2, "parents_per_iteration": 2},
     })
@@ -82,13 +85,7 @@ def test_curriculum_actor_in_local_ray(ray_cluster: Any) -> None:
         assert a == b
         groups = _groups(a, random.Random(5))
         ma, mb = ray.get([actor.step.remote(groups), restored.step.remote(groups)])
-        # TextWorldExpress hands out a different expert plan per request, so a parameter variant whose plan is
-        # near the step budget may be rejected as ``infeasible`` by one actor and ``not_selected`` by the other
-        # (the accepted variant is the same): the rejection breakdown is the real game's, not the curriculum's.
-        env_dependent = {"rejected", "rejected_by_kind"}
-        assert {k: v for k, v in ma.items() if k not in env_dependent} == {
-            k: v for k, v in mb.items() if k not in env_dependent}
-        assert sum(ma["rejected"].values()) == sum(mb["rejected"].values())
+        assert ma == mb
         assert ray.get(actor.pool.remote()) == ray.get(restored.pool.remote())
     finally:
         for h in (actor, restored):

@@ -9,7 +9,7 @@ import pytest
 
 from dreamgym.config import EnvConfig
 from dreamgym.envs.registry import make_env
-from dreamgym.envs.textworld_express import TextWorldExpressEnv
+from dreamgym.envs.textworld_express import TextWorldExpressEnv, without_backtracking
 from dreamgym.errors import EnvironmentSpecError
 from dreamgym.types import Task
 
@@ -61,6 +61,33 @@ def test_gold_actions_win(env: TextWorldExpressEnv) -> None:
         assert result is not None and result.done and result.success, (task.task_id, gold)
         assert total == pytest.approx(1.0)
         assert result.info["truncated"] is False
+
+
+def test_a_gold_walk_loses_its_dead_ends() -> None:
+    walk = ["look around", "move north", "move east", "move west", "move south", "move east", "take coin"]
+    assert without_backtracking(walk) == ["look around", "move east", "take coin"]
+    assert without_backtracking(["open door to east", "move east", "move west", "move east"]) == [
+        "open door to east", "move east"]
+
+
+def test_the_gold_plan_wins_large_maps_with_doors() -> None:
+    """The engine's gold agent walks randomly (a fresh walk per request); the plan is the shortest of several,
+    and removing back-and-forth moves must keep it winning when doors have to be opened."""
+    e = make_env(EnvConfig(name="twx:coin", params={"numLocations": 8, "includeDoors": 1}, max_steps=60))
+    assert isinstance(e, TextWorldExpressEnv)
+    try:
+        for task in e.tasks(4):
+            e.reset(task)
+            gold = e.gold_actions()
+            assert gold and gold == without_backtracking(gold)
+            result = None
+            for a in gold:
+                result = e.step(a)
+                if result.done:
+                    break
+            assert result is not None and result.success, (task.task_id, gold)
+    finally:
+        e.close()
 
 
 def test_random_admissible_actions_run_to_done(env: TextWorldExpressEnv) -> None:
