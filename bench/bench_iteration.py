@@ -169,9 +169,12 @@ def measure(tree: Path, label: str, variants: list[str], extra: list[str], out_d
                             check=False).stdout.strip()
     result: dict[str, Any] = {"tree": label, "commit": commit}
     for v in variants:
-        t0 = time.perf_counter()
+        t0, load_before = time.perf_counter(), os.getloadavg()
         run_dir = run_train(tree, DEFAULT_CONFIG, [*VARIANTS[v], *extra], out_dir, f"{label}-{v}", timeout_s)
-        result[v] = {**summarize(run_dir), "run_seconds": round(time.perf_counter() - t0, 1)}
+        # a figure taken beside other work is noise: the load averages (1, 5, 15 min) say whether it was
+        result[v] = {**summarize(run_dir), "run_seconds": round(time.perf_counter() - t0, 1),
+                     "load_average_before": [round(x, 2) for x in load_before],
+                     "load_average_after": [round(x, 2) for x in os.getloadavg()]}
     return result
 
 
