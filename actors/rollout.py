@@ -140,9 +140,14 @@ class RolloutWorker:
         retrieve = self._retrieve if self.replay is not None and em.top_k > 0 else None
         return [SyntheticEnv(self._experience, retrieve, self.cfg.env.name, top_k=em.top_k,
                              max_steps=self.cfg.env.max_steps, state_max_chars=self.cfg.env.state_max_chars,
-                             initial_state=self._initial_state, admissible=self.facts.admissible,
+                             initial_state=self._initial_state, admissible=self._admissible,
                              action_space=self.facts.action_space)
                 for _ in range(self.cfg.train.rollout.envs_per_worker)]
+
+    def _admissible(self, state: str) -> list[str] | None:
+        """The valid actions a synthetic state shows the policy: recorded for it, or for the most similar
+        recorded state (``experience_model.similar_state_actions``)."""
+        return self.facts.admissible_like(state, self.cfg.experience_model.similar_state_actions)
 
     def _retrieve(self, state: str, action: str, k: int) -> list[Demonstration]:
         """Top-k demonstrations from the replay buffer, of this worker's environment."""

@@ -744,6 +744,11 @@ class ExperienceModelConfig(Section):
     """An action outside the environment's known admissible list (the state's own list where real data
     recorded it, else the action space: every action recorded valid in some state): ``settle`` returns the
     failure state with reward 0 without a model call; ``model`` lets the experience model decide."""
+    similar_state_actions: float = Field(default=0.8, ge=0.0, le=1.0)
+    """The valid actions shown to the policy (and judged by ``inadmissible``) in a state the experience model
+    wrote: real data records lists only for the states it saw, so a written state that is not word for word
+    one of them borrows the list of the most similar recorded state (word-set Jaccard at least this). ``1.0``:
+    exact matches only, so most written states show the policy no list, unlike every real state."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Timeout of one batch of requests to the backend."""
     http_concurrency: int = Field(default=32, ge=1)

@@ -249,6 +249,32 @@ def test_synthetic_env_never_pays_for_an_action_outside_the_action_space(coin: d
     assert res.success and res.reward == 1.0 and len(seen) == 2
 
 
+def test_a_state_the_model_wrote_borrows_the_list_of_the_most_similar_real_state(coin: dict[str, Path]) -> None:
+    """The real game gives a list in every state; synthesis only knows lists of recorded states. A near copy (a
+    room misnamed) shows the policy its original's list, a state like none recorded shows none, and an action
+    settled as a failure keeps the list (the agent has not moved), as in the real game."""
+    index = TransitionIndex.from_parquet(coin["train"])
+    facts = index.facts
+    t = next(t for t in iter_transitions(coin["train"]) if t.admissible_actions and "kitchen" in t.state)
+    misnamed = t.state.replace("kitchen", "pantry", 1)
+    assert facts.admissible(misnamed) is None
+    assert facts.admissible_like(misnamed, 0.8) == t.admissible_actions
+    assert facts.admissible_like(misnamed, 1.0) is None  # exact matches only
+    assert facts.admissible_like("You are in a greenhouse full of orchids.", 0.8) is None
+    assert facts.admissible_like(t.state, 0.8) == t.admissible_actions
+
+    client, seen = _scripted([format_reply(misnamed, 0.0, False, False, "a near copy")])
+    env = SyntheticEnv(ExperienceModel(client), None, "twx:coin", max_steps=6,
+                       initial_state=index.initial_state, admissible=lambda s: facts.admissible_like(s, 0.8),
+                       action_space=facts.action_space)
+    obs = env.reset(index.tasks(1)[0])
+    obs = env.step(sorted(obs.admissible_actions or [])[0]).observation
+    assert obs.state == misnamed and obs.admissible_actions == t.admissible_actions and len(seen) == 1
+    res = env.step("dance")
+    assert res.info["settled"] and res.observation.state.startswith("Unknown action")
+    assert res.observation.admissible_actions == t.admissible_actions and len(seen) == 1
+
+
 def test_synthetic_env_runs_an_episode_with_retrieval(coin: dict[str, Path]) -> None:
     index = TransitionIndex.from_parquet(coin["train"])
     client = FunctionClient(_copy_top1)

@@ -10,6 +10,7 @@ in one pass; the rollout workers, the curriculum (its seed tasks in synthetic-on
 
 from __future__ import annotations
 
+import re
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,7 @@ class OfflineTaskFacts:
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._initial: dict[str, Counter[str]] = {}
         self._admissible: dict[str, list[str]] = {}
+        self._words: dict[str, frozenset[str]] = {}  # of each state with a list, for admissible_like
         self._actions: frozenset[str] = frozenset()  # replaced, never mutated: rollout threads read it per step
         for t in transitions:
             self.add(t)
@@ -47,7 +49,9 @@ class OfflineTaskFacts:
         """Record the valid actions of ``state`` (the first list seen for a state is kept)."""
         if admissible is not None:
             acts = list(admissible)
-            self._admissible.setdefault(state, acts)
+            if state not in self._admissible:
+                self._admissible[state] = acts
+                self._words[state] = _words(state)
             if not self._actions.issuperset(acts):
                 self._actions = self._actions.union(acts)
 
@@ -74,7 +78,28 @@ class OfflineTaskFacts:
         acts = self._admissible.get(state)
         return list(acts) if acts is not None else None
 
+    def admissible_like(self, state: str, min_similarity: float = 1.0) -> list[str] | None:
+        """The valid actions of ``state``, or of the most similar recorded state when ``state`` was never seen
+        (word-set Jaccard at least ``min_similarity``; ties go to the state recorded first). An experience
+        model's state is mostly a near copy of a real one (a word changed, a room misnamed); without this its
+        policy would act there with no list, a prompt it never meets in the real environment."""
+        exact = self.admissible(state)
+        if exact is not None or min_similarity >= 1.0:
+            return exact
+        words = _words(state)
+        best, best_sim = None, min_similarity
+        for other, other_words in tuple(self._words.items()):  # a snapshot: another thread may add a state
+            union = len(words | other_words)
+            sim = len(words & other_words) / union if union else 0.0
+            if sim > best_sim or (sim == best_sim and best is None):
+                best, best_sim = other, sim
+        return None if best is None else list(self._admissible[best])
+
     def action_space(self) -> frozenset[str] | None:
         """Every action recorded as valid in some state (None when the data records no valid actions, e.g.
         WebArena): synthesis settles an action outside it as a failure in a state it has no list for."""
         return self._actions or None
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"\w+", text.lower()))

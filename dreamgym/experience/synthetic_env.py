@@ -17,7 +17,9 @@ An invalid prediction (every attempt malformed) ends the episode with reward 0, 
 Initial states come from ``task.params['initial_state']`` or from ``initial_state(task)`` (e.g.
 ``TransitionIndex.initial_state``: the state real episodes of that task started from). Valid actions
 of a state come from ``admissible(state)`` when given (e.g. ``TransitionIndex.admissible``: the list
-recorded for that exact state in real data). A state with no list (one the experience model wrote) is checked
+recorded for that exact state in real data; the rollout workers pass ``OfflineTaskFacts.admissible_like``, which
+lends a state the model wrote the list of the most similar recorded state). After an action settled as a
+failure the list stays as it was: the real game leaves the agent where it was. A state with no list is checked
 against ``action_space()``, every action real data accepts: an action outside it is settled as a failure with
 no model call, so the model never pays for text no real state accepts; inside it, the model decides.
 """
@@ -162,7 +164,8 @@ class SyntheticEnv(Environment):
         truncated = not pred.done and len(self._history) >= self.max_steps
         self._done = pred.done or truncated
         info["truncated"] = truncated
-        self._valid = self._admissible(self._state) if self._admissible else None
+        if not pred.settled:  # a ruled-out action leaves the agent where it was, with the same valid actions
+            self._valid = self._admissible(self._state) if self._admissible else None
         obs = Observation(text=self._state, state=self._state, admissible_actions=self._valid,
                           instruction=self._task.instruction)
         return StepResult(observation=obs, reward=pred.reward, done=self._done,
