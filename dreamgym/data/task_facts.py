@@ -10,12 +10,12 @@ in one pass; the rollout workers, the curriculum (its seed tasks in synthetic-on
 
 from __future__ import annotations
 
-import re
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
 from dreamgym.types import Task, Transition
+from dreamgym.words import jaccard, words
 
 
 class OfflineTaskFacts:
@@ -51,7 +51,7 @@ class OfflineTaskFacts:
             acts = list(admissible)
             if state not in self._admissible:
                 self._admissible[state] = acts
-                self._words[state] = _words(state)
+                self._words[state] = words(state)
             if not self._actions.issuperset(acts):
                 self._actions = self._actions.union(acts)
 
@@ -86,11 +86,10 @@ class OfflineTaskFacts:
         exact = self.admissible(state)
         if exact is not None or min_similarity >= 1.0:
             return exact
-        words = _words(state)
+        mine = words(state)
         best, best_sim = None, min_similarity
         for other, other_words in tuple(self._words.items()):  # a snapshot: another thread may add a state
-            union = len(words | other_words)
-            sim = len(words & other_words) / union if union else 0.0
+            sim = jaccard(mine, other_words)
             if sim > best_sim or (sim == best_sim and best is None):
                 best, best_sim = other, sim
         return None if best is None else list(self._admissible[best])
@@ -99,7 +98,3 @@ class OfflineTaskFacts:
         """Every action recorded as valid in some state (None when the data records no valid actions, e.g.
         WebArena): synthesis settles an action outside it as a failure in a state it has no list for."""
         return self._actions or None
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(re.findall(r"\w+", text.lower()))

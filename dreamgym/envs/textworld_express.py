@@ -7,7 +7,7 @@ packaged Python wrapper adds a task-description round trip and a run history per
 path is generated only when ``gold_actions()`` asks for it, because generating it slows ``reset``.
 
 The engine's gold agents find the goal by a random walk seeded afresh on every request (an unseeded JVM
-``Random``): one 3-room coin game measured 4 to 20 steps over six requests, and a checker that compared
+``Random``): one 5-room coin game measured 6 to 16 steps over six requests, and a checker that compared
 one walk with the step budget judged the same task feasible or not by chance. ``gold_actions`` therefore
 returns the shortest of ``GOLD_SAMPLES`` walks, each with its immediate back-and-forth moves removed.
 

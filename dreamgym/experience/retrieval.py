@@ -18,7 +18,6 @@ demonstrations are distinct.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,22 +26,10 @@ from typing import Any
 from dreamgym.data.task_facts import OfflineTaskFacts
 from dreamgym.replay.records import point_id
 from dreamgym.types import Demonstration, Task, Transition
+from dreamgym.words import jaccard, words
 
 #: ``retrieve(state, action, k) -> demonstrations``, most similar first; the replay buffer or ``TransitionIndex``.
 Retriever = Callable[[str, str, int], Sequence[Demonstration]]
-
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-def words(text: str) -> frozenset[str]:
-    return frozenset(_WORD.findall(text.lower()))
-
-
-def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    if not a and not b:
-        return 1.0
-    return len(a & b) / len(a | b)
-
 
 @dataclass
 class _Entry:
