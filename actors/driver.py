@@ -550,7 +550,9 @@ class Run:
     def summary(self) -> dict[str, Any]:
         st = self.state
         last = st.evals[-1] if st.evals else {}
-        first = st.evals[0] if st.evals else {}
+        # Only an evaluation before the first iteration is a start figure (``train.eval.at_start``); without one the
+        # first evaluation is the final one, and calling it the start would show a change of exactly zero.
+        first = next((e for e in st.evals if e.get("label") == "start"), {})
         return {"run_dir": str(self.run_dir), "mode": self.cfg.train.mode, "iterations": st.iteration,
                 "learner_steps": st.learner_steps, "real_transitions": st.real_transitions,
                 "synthetic_transitions": st.synthetic_transitions, "invalid_transitions": st.invalid_transitions,

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from dreamgym.data.task_facts import SIMILAR_STATE_ACTIONS
 from dreamgym.errors import ConfigError
 from dreamgym.secrets import SECRETS, as_secret, publish
 from dreamgym.types import InvalidEpisodes
@@ -613,6 +614,9 @@ class ExperienceTrainConfig(Section):
     """Stop after this many optimizer steps (``None``: run all epochs)."""
     batch_size: int = Field(default=4, ge=1)
     """Examples per optimizer step."""
+    micro_batch_tokens: int = Field(default=4_096, ge=64)
+    """Padded tokens per forward: a step's examples are grouped longest first into right-padded micro-batches of at
+    most this many tokens (an example longer than it goes alone). Lower it when activations do not fit."""
     max_seq_len: int = Field(default=1536, ge=64)
     """Longest prompt + reply in tokens; demonstrations are dropped (last first) until an example fits,
     and an example that still does not fit is skipped."""
@@ -744,7 +748,7 @@ class ExperienceModelConfig(Section):
     """An action outside the environment's known admissible list (the state's own list where real data
     recorded it, else the action space: every action recorded valid in some state): ``settle`` returns the
     failure state with reward 0 without a model call; ``model`` lets the experience model decide."""
-    similar_state_actions: float = Field(default=0.8, ge=0.0, le=1.0)
+    similar_state_actions: float = Field(default=SIMILAR_STATE_ACTIONS, ge=0.0, le=1.0)
     """The valid actions shown to the policy (and judged by ``inadmissible``) in a state the experience model
     wrote: real data records lists only for the states it saw, so a written state that is not word for word
     one of them borrows the list of the most similar recorded state (word-set Jaccard at least this). ``1.0``:

@@ -14,8 +14,9 @@ optimizer batch)::
     L = -log p(R | ctx) - log p(s_{t+1}, r, done, success | ctx, R)
 
 Both terms are logged per token (``reasoning_nll``, ``state_nll``). Training is plain torch on the
-learner's model helpers: fp32 master weights, AdamW, one example per forward (no padding), gradient
-accumulation over ``batch_size`` examples; ``method: lora`` trains peft adapters and merges them
+learner's model helpers: fp32 master weights, AdamW, the ``batch_size`` examples of a step right-padded into
+micro-batches of at most ``micro_batch_tokens`` padded tokens (similar lengths together, as in the learner), gradients
+accumulated over them; ``method: lora`` trains peft adapters and merges them
 before saving. The output is an HF folder (weights, tokenizer, generation config) that vLLM serves.
 """
 
@@ -25,7 +26,7 @@ import json
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,18 +169,67 @@ def balanced_sample(examples: list[SFTExample], outcomes: list[tuple[float, bool
 def example_nll(model: nn.Module, ex: SFTExample, bf16: bool = False,
                 device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL of the reasoning tokens and of the outcome tokens of one example (prompt masked)."""
+    r, o = batch_nll(model, [ex], bf16=bf16, device=device)
+    return r[0], o[0]
+
+
+def batch_nll(model: nn.Module, batch: Sequence[SFTExample], bf16: bool = False, device: str = "cpu",
+              pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example summed NLL ``[B]`` of the reasoning tokens and of the outcome tokens, the examples right-padded
+    into one forward (prompt and padding masked). One forward per micro-batch instead of per example matters
+    most under bf16 autocast, which casts every weight once per forward."""
     import torch
     import torch.nn.functional as F
 
-    ids = torch.tensor([ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids], device=device)
-    p, r = len(ex.prompt_ids), len(ex.reasoning_ids)
-    reply = ids.shape[1] - p  # reasoning + outcome tokens: the only ones with a loss
-    # Position j predicts token j+1: the reply's tokens p..end are predicted at positions p-1..end-1, so the LM
-    # head runs on the last reply+1 positions only (the prompt, most of the sequence, needs no logits).
+    rows = [ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids for ex in batch]
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        att[i, : len(row)] = 1
+    ids, att = ids.to(device), att.to(device)
+    # Position j predicts token j+1. Only reply tokens carry a loss, so the LM head runs on the positions from the
+    # earliest reply's predictor on (the prompt, most of each sequence, needs no logits).
+    first = min(len(ex.prompt_ids) for ex in batch)
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=ids, logits_to_keep=reply + 1).logits[0, :-1].float()
-    nll = F.cross_entropy(logits, ids[0, p:], reduction="none")
-    return nll[:r].sum(), nll[r:].sum()
+        logits = model(input_ids=ids, attention_mask=att, logits_to_keep=width - first + 1).logits[:, :-1].float()
+    targets = ids[:, first:]
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                          reduction="none").view(targets.shape)
+    col = torch.arange(first, width, device=device)[None, :]
+    p = torch.tensor([len(ex.prompt_ids) for ex in batch], device=device)[:, None]
+    r = p + torch.tensor([len(ex.reasoning_ids) for ex in batch], device=device)[:, None]
+    n = torch.tensor([len(row) for row in rows], device=device)[:, None]
+    in_reasoning = (col >= p) & (col < r)
+    in_outcome = (col >= r) & (col < n)
+    return (nll * in_reasoning).sum(1), (nll * in_outcome).sum(1)
+
+
+def sft_step(model: nn.Module, opt: torch.optim.Optimizer, params: list[torch.Tensor], batch: Sequence[SFTExample],
+             micro_batch_tokens: int, bf16: bool = False, device: str = "cpu",
+             pad_id: int = 0) -> tuple[float, float, int, int]:
+    """One optimizer step on ``batch``: the loss of the module docstring (summed NLL over the batch's reply
+    tokens, normalised by their count), accumulated over micro-batches of at most ``micro_batch_tokens`` padded
+    tokens (``learner.batching.micro_batches``), gradients clipped to norm 1. Returns the summed reasoning and
+    outcome NLL and their token counts."""
+    import torch
+
+    from learner.batching import micro_batches
+
+    n_r = sum(len(ex.reasoning_ids) for ex in batch)
+    n_o = sum(len(ex.outcome_ids) for ex in batch)
+    denom = max(n_r + n_o, 1)
+    opt.zero_grad(set_to_none=True)
+    sum_r = sum_o = 0.0
+    for idx in micro_batches([len(ex) for ex in batch], micro_batch_tokens):
+        nll_r, nll_o = batch_nll(model, [batch[i] for i in idx], bf16=bf16, device=device, pad_id=pad_id)
+        ((nll_r.sum() + nll_o.sum()) / denom).backward()
+        sum_r += float(nll_r.detach().sum())
+        sum_o += float(nll_o.detach().sum())
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return sum_r, sum_o, n_r, n_o
 
 
 def _lr(step: int, warmup: int, lr: float) -> float:
@@ -236,6 +286,7 @@ def _train(
         model = add_lora(model, LoraConfig(enabled=True, r=t.lora_r, alpha=float(t.lora_alpha)))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     rng = random.Random(cfg.run.seed)
     order = [i for _ in range(t.epochs) for i in rng.sample(range(len(examples)), len(examples))]
     batches = [order[i: i + t.batch_size] for i in range(0, len(order), t.batch_size)]
@@ -247,19 +298,10 @@ def _train(
     for step, batch in enumerate(batches):
         for g in opt.param_groups:
             g["lr"] = _lr(step, t.warmup_steps, t.lr)
-        n_r = sum(len(examples[i].reasoning_ids) for i in batch)
-        n_o = sum(len(examples[i].outcome_ids) for i in batch)
+        sum_r, sum_o, n_r, n_o = sft_step(model, opt, params, [examples[i] for i in batch], t.micro_batch_tokens,
+                                          bf16=bf16, device=t.device, pad_id=pad_id)
         denom = max(n_r + n_o, 1)
-        opt.zero_grad(set_to_none=True)
-        sum_r = sum_o = 0.0
-        for i in batch:
-            lr_nll, lo_nll = example_nll(model, examples[i], bf16=bf16, device=t.device)
-            ((lr_nll + lo_nll) / denom).backward()
-            sum_r += lr_nll.item()
-            sum_o += lo_nll.item()
-            tokens += len(examples[i])
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        tokens += sum(len(examples[i]) for i in batch)
         rec = {"step": step + 1, "loss": (sum_r + sum_o) / denom, "reasoning_nll": sum_r / max(n_r, 1),
                "state_nll": sum_o / max(n_o, 1), "lr": opt.param_groups[0]["lr"],
                "tokens_per_s": tokens / (time.perf_counter() - t1)}

@@ -264,15 +264,48 @@ def test_a_state_the_model_wrote_borrows_the_list_of_the_most_similar_real_state
     assert facts.admissible_like(t.state, 0.8) == t.admissible_actions
 
     client, seen = _scripted([format_reply(misnamed, 0.0, False, False, "a near copy")])
-    env = SyntheticEnv(ExperienceModel(client), None, "twx:coin", max_steps=6,
-                       initial_state=index.initial_state, admissible=lambda s: facts.admissible_like(s, 0.8),
-                       action_space=facts.action_space)
+    env = synthetic_env_from_index(ExperienceModel(client), index, "twx:coin", max_steps=6, use_retrieval=False)
     obs = env.reset(index.tasks(1)[0])
     obs = env.step(sorted(obs.admissible_actions or [])[0]).observation
     assert obs.state == misnamed and obs.admissible_actions == t.admissible_actions and len(seen) == 1
     res = env.step("dance")
     assert res.info["settled"] and res.observation.state.startswith("Unknown action")
     assert res.observation.admissible_actions == t.admissible_actions and len(seen) == 1
+
+
+def test_the_similar_state_index_finds_what_a_scan_of_every_state_finds(coin: dict[str, Path]) -> None:
+    """``admissible_like`` probes word postings instead of scanning every recorded state (ALFWorld records tens of
+    thousands). On perturbed coin states, and on states of random words where few words are shared, it picks the
+    state a full scan picks (ties to the first recorded), at every threshold."""
+    import random
+
+    from dreamgym.data.task_facts import OfflineTaskFacts
+    from dreamgym.words import jaccard, words
+
+    rng = random.Random(0)
+    coin_facts = TransitionIndex.from_parquet(coin["train"]).facts
+    coin_states = list(dict.fromkeys(t.state for t in iter_transitions(coin["train"]) if t.admissible_actions))
+    vocab = [f"w{i}" for i in range(40)]
+    random_states = list(dict.fromkeys(" ".join(rng.sample(vocab, rng.randrange(3, 12))) for _ in range(300)))
+    random_facts = OfflineTaskFacts()
+    for k, st in enumerate(random_states):
+        random_facts.add_state(st, [f"act {k}"])
+    checked = found = 0
+    for facts, states in ((coin_facts, coin_states), (random_facts, random_states)):
+        for _ in range(80):
+            tokens = rng.choice(states).split()
+            for _ in range(rng.randrange(1, 4)):
+                tokens[rng.randrange(len(tokens))] = rng.choice(["pantry", "xyzzy", "", *vocab])
+            query = " ".join(tokens)
+            if facts.admissible(query) is not None:
+                continue
+            best_sim, first = max((jaccard(words(query), words(st)), -k) for k, st in enumerate(states))
+            for t in (0.5, 0.8, 0.95):
+                expect = facts.admissible(states[-first]) if best_sim >= t else None
+                assert facts.admissible_like(query, t) == expect, (query, t)
+                checked += 1
+                found += expect is not None
+    assert checked > 300 and 0 < found < checked
 
 
 def test_synthetic_env_runs_an_episode_with_retrieval(coin: dict[str, Path]) -> None:
@@ -489,7 +522,7 @@ def test_sft_masks_the_prompt_and_lora_saves_a_merged_folder(tmp_path: Path) -> 
 
     from dreamgym.config import load_config
     from dreamgym.models import build_tiny_model
-    from learner.sft_experience import build_examples, example_nll, train_experience_model
+    from learner.sft_experience import batch_nll, build_examples, example_nll, train_experience_model
 
     rows = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "The agent goes north."),
             toy_row("e0", 1, KITCHEN, "look", KITCHEN, 0.0, False, False, None)]
@@ -515,6 +548,14 @@ def test_sft_masks_the_prompt_and_lora_saves_a_merged_folder(tmp_path: Path) -> 
     completion = full[len(ex.prompt_ids) - 1:]
     assert float(nll_r + nll_o) == pytest.approx(float(completion.sum()), rel=1e-5)  # prompt tokens masked
     assert float(nll_r) == pytest.approx(float(completion[: len(ex.reasoning_ids)].sum()), rel=1e-5)
+    # Right-padded into one forward, examples of different lengths keep their own losses (padding masked).
+    assert len(examples[0]) != len(examples[1])
+    with torch.no_grad():
+        both_r, both_o = batch_nll(model, examples, pad_id=tok.eos_token_id)
+        for i, one in enumerate(examples):
+            one_r, one_o = example_nll(model, one)
+            assert float(both_r[i]) == pytest.approx(float(one_r), rel=1e-4)
+            assert float(both_o[i]) == pytest.approx(float(one_o), rel=1e-4)
 
     s = train_experience_model(cfg, tmp_path / "lora")
     assert s["method"] == "lora" and s["loss_last"] < s["loss_first"]

@@ -116,6 +116,8 @@ def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Pat
         s = run_train(cfg)
     assert s["iterations"] == 2 and s["real_transitions"] == 0
     assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == 0
+    # no evaluation before training (at_start false): no start figure, rather than the final one twice
+    assert s["success_start"] is None and s["success_final"] is not None
     records = _check_run_dir(Path(s["run_dir"]), 2)
     iters = [r for r in records if r["event"] == "iteration"]
     for it in iters:

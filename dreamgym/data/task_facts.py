@@ -10,12 +10,17 @@ in one pass; the rollout workers, the curriculum (its seed tasks in synthetic-on
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
 from dreamgym.types import Task, Transition
 from dreamgym.words import jaccard, words
+
+SIMILAR_STATE_ACTIONS = 0.8
+"""Default word-set Jaccard at which a state never recorded borrows a recorded state's valid actions
+(``experience_model.similar_state_actions``)."""
 
 
 class OfflineTaskFacts:
@@ -25,7 +30,10 @@ class OfflineTaskFacts:
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._initial: dict[str, Counter[str]] = {}
         self._admissible: dict[str, list[str]] = {}
-        self._words: dict[str, frozenset[str]] = {}  # of each state with a list, for admissible_like
+        # admissible_like's index: the states with a list in recorded order, their word sets, and word -> states
+        self._states: list[str] = []
+        self._state_words: list[frozenset[str]] = []
+        self._postings: dict[str, list[int]] = {}
         self._actions: frozenset[str] = frozenset()  # replaced, never mutated: rollout threads read it per step
         for t in transitions:
             self.add(t)
@@ -51,7 +59,12 @@ class OfflineTaskFacts:
             acts = list(admissible)
             if state not in self._admissible:
                 self._admissible[state] = acts
-                self._words[state] = words(state)
+                # appended before the postings name it, so a reader in another thread never sees a dangling index
+                state_words = words(state)
+                self._state_words.append(state_words)
+                self._states.append(state)
+                for w in state_words or ("",):
+                    self._postings.setdefault(w, []).append(len(self._states) - 1)
             if not self._actions.issuperset(acts):
                 self._actions = self._actions.union(acts)
 
@@ -88,11 +101,23 @@ class OfflineTaskFacts:
             return exact
         mine = words(state)
         best, best_sim = None, min_similarity
-        for other, other_words in tuple(self._words.items()):  # a snapshot: another thread may add a state
-            sim = jaccard(mine, other_words)
+        for i in sorted(self._candidates(mine, min_similarity)):  # recorded order: ties go to the first
+            sim = jaccard(mine, self._state_words[i])
             if sim > best_sim or (sim == best_sim and best is None):
-                best, best_sim = other, sim
-        return None if best is None else list(self._admissible[best])
+                best, best_sim = i, sim
+        return None if best is None else list(self._admissible[self._states[best]])
+
+    def _candidates(self, mine: frozenset[str], min_similarity: float) -> set[int]:
+        """Recorded states that can reach ``min_similarity`` with ``mine``, from the word postings instead of a scan
+        of every state (ALFWorld-sized data records tens of thousands). Jaccard ``>= t`` needs ``|A & B| >= t|A|``,
+        so ``B`` holds at least one of any ``|A| - ceil(t|A|) + 1`` words of ``A``: the rarest ones are probed."""
+        if min_similarity <= 0.0:
+            return set(range(len(self._states)))
+        if not mine:
+            return set(self._postings.get("", ()))
+        probe = len(mine) - math.ceil(min_similarity * len(mine) - 1e-9) + 1
+        rarest = sorted(mine, key=lambda w: len(self._postings.get(w, ())))[:probe]
+        return {i for w in rarest for i in self._postings.get(w, ())}
 
     def action_space(self) -> frozenset[str] | None:
         """Every action recorded as valid in some state (None when the data records no valid actions, e.g.

@@ -130,5 +130,8 @@ class TransitionIndex:
     def admissible(self, state: str) -> list[str] | None:
         return self.facts.admissible(state)
 
+    def admissible_like(self, state: str, min_similarity: float = 1.0) -> list[str] | None:
+        return self.facts.admissible_like(state, min_similarity)
+
     def action_space(self) -> frozenset[str] | None:
         return self.facts.action_space()

@@ -17,11 +17,12 @@ An invalid prediction (every attempt malformed) ends the episode with reward 0, 
 Initial states come from ``task.params['initial_state']`` or from ``initial_state(task)`` (e.g.
 ``TransitionIndex.initial_state``: the state real episodes of that task started from). Valid actions
 of a state come from ``admissible(state)`` when given (e.g. ``TransitionIndex.admissible``: the list
-recorded for that exact state in real data; the rollout workers pass ``OfflineTaskFacts.admissible_like``, which
-lends a state the model wrote the list of the most similar recorded state). After an action settled as a
-failure the list stays as it was: the real game leaves the agent where it was. A state with no list is checked
-against ``action_space()``, every action real data accepts: an action outside it is settled as a failure with
-no model call, so the model never pays for text no real state accepts; inside it, the model decides.
+recorded for that exact state in real data; the rollout workers and ``synthetic_env_from_index`` pass
+``admissible_like``, which lends a state the model wrote the list of the most similar recorded state).
+After an action settled as a failure the list stays as it was: the real game leaves the agent where it was.
+A state with no list is checked against ``action_space()``, every action real data accepts: an action outside
+it is settled as a failure with no model call, so the model never pays for text no real state accepts; inside
+it, the model decides.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import ClassVar, Protocol
 
+from dreamgym.data.task_facts import SIMILAR_STATE_ACTIONS
 from dreamgym.envs.base import Environment
 from dreamgym.errors import EnvironmentSpecError
 from dreamgym.experience.model import ExperienceModel
@@ -184,22 +186,24 @@ class TaskFacts(Protocol):
     def __call__(self, state: str, action: str, k: int) -> Sequence[Demonstration]: ...
     def tasks(self, count: int | None = None, first: int = 0) -> list[Task]: ...
     def initial_state(self, task: Task) -> str | None: ...
-    def admissible(self, state: str) -> list[str] | None: ...
+    def admissible_like(self, state: str, min_similarity: float = 1.0) -> list[str] | None: ...
     def action_space(self) -> frozenset[str] | None: ...
 
 
 def synthetic_env_from_index(
     model: ExperienceModel, index: TaskFacts, env: str, *, max_steps: int = 20, use_retrieval: bool = True,
-    top_k: int | None = None, state_max_chars: int = 2_000,
+    top_k: int | None = None, state_max_chars: int = 2_000, similar_state_actions: float = SIMILAR_STATE_ACTIONS,
 ) -> SyntheticEnv:
     """A ``SyntheticEnv`` whose retrieval, tasks, initial states and valid actions all come from one index
-    of real transitions. ``use_retrieval=False``: no demonstrations (the "no replay retrieval" ablation)."""
+    of real transitions. ``use_retrieval=False``: no demonstrations (the "no replay retrieval" ablation).
+    A state the model wrote borrows the valid actions of the most similar recorded state
+    (``similar_state_actions``, as in training; ``1.0``: exact states only)."""
     return SyntheticEnv(
         model, index if use_retrieval else None, env, top_k=top_k, max_steps=max_steps,
         state_max_chars=state_max_chars,
         task_source=lambda count, first, split: index.tasks(count, first),
         initial_state=index.initial_state,
-        admissible=index.admissible,
+        admissible=lambda state: index.admissible_like(state, similar_state_actions),
         action_space=index.action_space,
     )
 
