@@ -630,6 +630,11 @@ class ExperienceTrainConfig(Section):
     terminal steps as rare as in real episodes, the rates the model should predict); ``balanced`` draws
     round-robin over the outcome classes (reward, done, success), which shows a short fine-tune more rewarding
     steps but teaches it that success is common."""
+    cite_demonstrations: bool = True
+    """Template rationales open by citing the prompt's first demonstration with the same action and what it paid
+    (``dreamgym.experience.annotate.demonstration_evidence``), so the model learns to read the evidence retrieval
+    gives it (README: reward accuracy on unseen coin maps 0.79-0.85 -> 1.00); a teacher's reasoning is kept as
+    written. ``false``: rationales from the transition alone."""
     dedupe: bool = True
     """Drop examples whose prompt and target are identical to an earlier one."""
     step_budget: int | None = Field(default=20, ge=1)

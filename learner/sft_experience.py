@@ -6,7 +6,9 @@ served model gets them (``retrieval: embedding``, the default: the replay buffer
 example's own transition left out, so the model learns to *use* demonstrations rather than find itself among
 them; ``overlap``: the word-overlap ``TransitionIndex``, the example's own episode left out). The target is
 the reply format of ``dreamgym.experience.prompts``: the reasoning ``R`` (``<think>...</think>``), then the
-outcome ``s_{t+1}``, ``r``, done, success and the end-of-turn token.
+outcome ``s_{t+1}``, ``r``, done, success and the end-of-turn token. A template rationale opens by citing the
+prompt's demonstration of the same action and what it paid (``cite_demonstrations``), so the model learns to
+read its top-k evidence; a teacher's reasoning is used as written.
 
 Loss, the paper's (prompt tokens masked, summed over tokens, normalised by the reply tokens of the
 optimizer batch)::
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from dreamgym.config import DreamGymConfig, ExperienceModelConfig, LoraConfig, ReplayConfig
 from dreamgym.errors import DreamGymError
-from dreamgym.experience.annotate import template_rationale
+from dreamgym.experience.annotate import TemplateAnnotator, demonstration_evidence, template_rationale
 from dreamgym.experience.engine import render_chat
 from dreamgym.experience.evaluate import EvalItem, build_items, done_label
 from dreamgym.experience.prompts import build_messages, format_outcome, format_reasoning
@@ -112,16 +114,26 @@ def build_examples(
     outcomes: list[tuple[float, bool, bool]] = []
     counts = {"transitions": len(transitions), "duplicates": 0, "too_long": 0, "shortened": 0,
               "template_reasoning": sum(1 for r in rows if not r.get("reasoning"))}
+    # A template rationale (written on the fly, or by `dreamgym annotate` / `train`, marked so) can cite the
+    # prompt's demonstrations; a teacher's reasoning (or any other source) is kept as written.
+    teacher = {(r["episode_id"], r["step"]) for r in rows
+               if r.get("reasoning") and r.get("reasoning_source") != TemplateAnnotator.source}
     for it in items:
         tr = it.transition
-        r_ids = (tokenizer.encode(format_reasoning(reasoning[(tr.episode_id, tr.step)]), add_special_tokens=False)
-                 if cfg.reasoning else [])
-        outcome = format_outcome(tr.next_state, tr.reward, done_label(tr, t.step_budget), tr.success and tr.done)
+        target = (tr.reward, done_label(tr, t.step_budget), tr.success and tr.done)
+        outcome = format_outcome(tr.next_state, *target)
         o_ids = [*tokenizer.encode(outcome, add_special_tokens=False), eos]
         q = it.query
         full = len(q.demonstrations[: opts.top_k])
+        cite = cfg.reasoning and t.cite_demonstrations and (tr.episode_id, tr.step) not in teacher
         for k in range(full, -1, -1):
             q.demonstrations = q.demonstrations[:k]
+            # The rationale cites only the demonstrations the prompt still shows.
+            rationale = reasoning[(tr.episode_id, tr.step)]
+            if cite:
+                evidence = demonstration_evidence(tr.state, tr.action, tr.reward, target[2], q.demonstrations)
+                rationale = f"{evidence} {rationale}"
+            r_ids = tokenizer.encode(format_reasoning(rationale), add_special_tokens=False) if cfg.reasoning else []
             p_ids = tokenizer.encode(render_chat(tokenizer, build_messages(q, opts)), add_special_tokens=False)
             if len(p_ids) + len(r_ids) + len(o_ids) <= t.max_seq_len:
                 counts["shortened"] += k < full
@@ -135,7 +147,7 @@ def build_examples(
             continue
         seen.add(key)
         examples.append(SFTExample(p_ids, r_ids, o_ids))
-        outcomes.append((tr.reward, done_label(tr, t.step_budget), tr.success and tr.done))
+        outcomes.append(target)
     if t.max_examples is not None and len(examples) > t.max_examples:
         rng = random.Random(seed)
         if t.outcome_sampling == "balanced":

@@ -653,3 +653,51 @@ def test_short_sft_samples_are_balanced_over_outcomes() -> None:
     assert len({ex.prompt_ids[0] for ex in picked}) == 12
     assert got.count((1.0, True, True)) == 5 and got.count((0.0, True, False)) == 2
     assert balanced_sample(examples, outcomes, 12, random.Random(0)) == picked
+
+
+def test_cited_rationales_name_the_demonstration_the_prompt_shows(coin: dict[str, Path], tmp_path: Path) -> None:
+    """With ``cite_demonstrations`` a template rationale (here written by ``annotate_file``, as ``dreamgym train``
+    does) opens with the prompt's first demonstration of the same action and what it paid; the rewarding steps of
+    real coin data cite a rewarding ``take coin``. A teacher's reasoning is kept as written."""
+    import re as _re
+
+    from transformers import AutoTokenizer
+
+    from dreamgym.config import load_config
+    from dreamgym.models import build_tiny_model
+    from learner.sft_experience import build_examples
+
+    base = build_tiny_model(tmp_path / "base")
+    tok = AutoTokenizer.from_pretrained(base)
+    cfg = load_config(None, {"experience_model": {"top_k": 2, "train": {  # cite_demonstrations: the default
+        "base": str(base), "retrieval": "overlap", "max_seq_len": 4096}}})
+    annotated = tmp_path / "annotated.parquet"
+    annotate_file(coin["train"], annotated, TemplateAnnotator(step_budget=20))
+    examples, _ = build_examples(annotated, tok, cfg.experience_model)
+    cited = wins = 0
+    for ex in examples:
+        prompt, why = tok.decode(ex.prompt_ids), tok.decode(ex.reasoning_ids)
+        action = _re.search(r"\nAction: (.*)\n*<\|im_end\|>", prompt).group(1)  # the query's action, last
+        shown = _re.findall(r"\[(\d)\] State: .*?\nAction: (.*?)\n.*?Reward: (\S+) Done: \S+ Success: (\S+)",
+                            prompt, _re.S)
+        same = [(i, r, s) for i, a, r, s in shown if a == action]
+        if not same:
+            assert why.startswith("<think>No demonstration shows")
+            continue
+        i, r, s = same[0]
+        cited += 1
+        assert why.startswith(f"<think>Demonstration [{i}] shows the same action, '{action}'")
+        assert f"it paid reward {r}" in why and (", ending the episode with success" in why) == (s == "true")
+        paid = _re.search(r"<reward>(\S+)</reward>", tok.decode(ex.outcome_ids)).group(1)
+        assert ("The same holds here." in why) == (paid == r and f"<success>{s}</success>" in tok.decode(
+            ex.outcome_ids))
+        wins += action == "take coin" and paid == "1"
+    assert cited > len(examples) // 2 and wins > 0
+    off = load_config(None, {"experience_model": {"top_k": 2, "train": {
+        "base": str(base), "retrieval": "overlap", "max_seq_len": 4096, "cite_demonstrations": False}}})
+    plain, _ = build_examples(coin["train"], tok, off.experience_model)
+    assert not any("Demonstration [" in tok.decode(ex.reasoning_ids) for ex in plain)
+    taught = [{**toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "The teacher's words."),
+               "reasoning_source": "teacher"}, toy_row("e1", 0, HALL, "go north", KITCHEN, 1.0, True, True)]
+    teacher, _ = build_examples(write_toy(tmp_path / "taught.parquet", taught), tok, cfg.experience_model)
+    assert sorted(tok.decode(ex.reasoning_ids) for ex in teacher)[1] == "<think>The teacher's words.</think>\n"

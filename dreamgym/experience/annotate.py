@@ -5,7 +5,8 @@ reasoning trace. Two annotators:
 
 - ``TemplateAnnotator``: a rationale derived from the environment's own facts (was the action valid,
   did the location change, what appeared or disappeared, why the reward and the end are what they
-  are). Deterministic, free, marked ``reasoning_source='template'``.
+  are). Deterministic, free, marked ``reasoning_source='template'``. The SFT prepends
+  ``demonstration_evidence`` (the prompt's demonstrations are known only there).
 - ``TeacherAnnotator``: the paper's strong-LLM annotator over any OpenAI-compatible endpoint: it sees
   the context and the true outcome and explains it; marked ``teacher``. A reply that is empty or the
   backend refused falls back to the template rationale (marked ``template``).
@@ -28,6 +29,7 @@ from dreamgym.experience.templates import FamilyTemplate, template_for
 
 if TYPE_CHECKING:
     from dreamgym.config import AnnotateConfig
+    from dreamgym.types import Demonstration
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
@@ -84,6 +86,35 @@ def template_rationale(row: dict[str, Any], step_budget: int | None = None) -> s
     else:
         out.append("The task is not accomplished yet, so the reward is 0 and the episode goes on.")
     return " ".join(" ".join(out).split())
+
+
+def _pay_words(reward: float, success: bool) -> str:
+    return f"reward {format_number(reward)}" + (", ending the episode with success" if success else "")
+
+
+def demonstration_evidence(state: str, action: str, reward: float, success: bool,
+                           demonstrations: Sequence[Demonstration]) -> str:
+    """The opening of a rationale that reads the prompt's top-k demonstrations ``[1..k]`` before it concludes:
+    the first one with the same action, what it paid, and whether this step pays the same (reward and success;
+    a demonstration's ``done`` may be its episode's step budget running out, which says nothing about the
+    action).
+
+    Retrieval puts the decisive evidence in the prompt (on coin, the one rewarding action ``take coin`` is found
+    by its text), but a template rationale built from the transition alone never mentions it, so a short
+    fine-tune learns to guess the rare rewarding outcome from the state and misses it. A rationale that cites
+    the demonstration teaches the served model to take an outcome the evidence shows, and to say so when this
+    step differs."""
+    key = " ".join(action.split()).lower()
+    same = next(((i, d) for i, d in enumerate(demonstrations, 1) if " ".join(d.action.split()).lower() == key),
+                None)
+    if same is None:
+        return f"No demonstration shows '{action}', so the outcome follows from the current state." \
+            if demonstrations else ""
+    i, d = same
+    where = "in the same state" if d.state.strip() == state.strip() else "in a similar state"
+    agrees = (float(d.reward), bool(d.success)) == (float(reward), bool(success))
+    return (f"Demonstration [{i}] shows the same action, '{d.action}', {where}: it paid "
+            f"{_pay_words(d.reward, d.success)}. " + ("The same holds here." if agrees else "Here it is different."))
 
 
 class TemplateAnnotator:
