@@ -18,7 +18,9 @@ def toy_row(episode: str, step: int, state: str, action: str, next_state: str, r
             "instruction": "Go to the kitchen.", "state": state, "action": action, "next_state": next_state,
             "reward": reward, "done": done, "success": success,
             "admissible_actions": admissible if admissible is not None else ["go north", "look"],
-            "source": "real", "policy": "gold", "reasoning": reasoning, "reasoning_source": "template"}
+            "source": "real", "policy": "gold", "reasoning": reasoning,
+            # Hand-written reasoning stands for a teacher's: the SFT keeps it as written (no cited demonstration).
+            "reasoning_source": "teacher" if reasoning else "template"}
 
 
 def write_toy(path: Path, rows: list[dict[str, Any]]) -> Path:

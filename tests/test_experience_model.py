@@ -697,7 +697,7 @@ def test_cited_rationales_name_the_demonstration_the_prompt_shows(coin: dict[str
         "base": str(base), "retrieval": "overlap", "max_seq_len": 4096, "cite_demonstrations": False}}})
     plain, _ = build_examples(coin["train"], tok, off.experience_model)
     assert not any("Demonstration [" in tok.decode(ex.reasoning_ids) for ex in plain)
-    taught = [{**toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "The teacher's words."),
-               "reasoning_source": "teacher"}, toy_row("e1", 0, HALL, "go north", KITCHEN, 1.0, True, True)]
+    taught = [toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True, "The teacher's words."),
+              toy_row("e1", 0, HALL, "go north", KITCHEN, 1.0, True, True)]
     teacher, _ = build_examples(write_toy(tmp_path / "taught.parquet", taught), tok, cfg.experience_model)
     assert sorted(tok.decode(ex.reasoning_ids) for ex in teacher)[1] == "<think>The teacher's words.</think>\n"
