@@ -659,8 +659,6 @@ def test_cited_rationales_name_the_demonstration_the_prompt_shows(coin: dict[str
     """With ``cite_demonstrations`` a template rationale (here written by ``annotate_file``, as ``dreamgym train``
     does) opens with the prompt's first demonstration of the same action and what it paid; the rewarding steps of
     real coin data cite a rewarding ``take coin``. A teacher's reasoning is kept as written."""
-    import re as _re
-
     from transformers import AutoTokenizer
 
     from dreamgym.config import load_config
@@ -677,9 +675,9 @@ def test_cited_rationales_name_the_demonstration_the_prompt_shows(coin: dict[str
     cited = wins = 0
     for ex in examples:
         prompt, why = tok.decode(ex.prompt_ids), tok.decode(ex.reasoning_ids)
-        action = _re.search(r"\nAction: (.*)\n*<\|im_end\|>", prompt).group(1)  # the query's action, last
-        shown = _re.findall(r"\[(\d)\] State: .*?\nAction: (.*?)\n.*?Reward: (\S+) Done: \S+ Success: (\S+)",
-                            prompt, _re.S)
+        action = re.search(r"\nAction: (.*)\n*<\|im_end\|>", prompt).group(1)  # the query's action, last
+        shown = re.findall(r"\[(\d)\] State: .*?\nAction: (.*?)\n.*?Reward: (\S+) Done: \S+ Success: (\S+)",
+                            prompt, re.S)
         same = [(i, r, s) for i, a, r, s in shown if a == action]
         if not same:
             assert why.startswith("<think>No demonstration shows")
@@ -688,7 +686,7 @@ def test_cited_rationales_name_the_demonstration_the_prompt_shows(coin: dict[str
         cited += 1
         assert why.startswith(f"<think>Demonstration [{i}] shows the same action, '{action}'")
         assert f"it paid reward {r}" in why and (", ending the episode with success" in why) == (s == "true")
-        paid = _re.search(r"<reward>(\S+)</reward>", tok.decode(ex.outcome_ids)).group(1)
+        paid = re.search(r"<reward>(\S+)</reward>", tok.decode(ex.outcome_ids)).group(1)
         assert ("The same holds here." in why) == (paid == r and f"<success>{s}</success>" in tok.decode(
             ex.outcome_ids))
         wins += action == "take coin" and paid == "1"

@@ -104,9 +104,10 @@ def demonstration_evidence(state: str, action: str, reward: float, success: bool
     fine-tune learns to guess the rare rewarding outcome from the state and misses it. A rationale that cites
     the demonstration teaches the served model to take an outcome the evidence shows, and to say so when this
     step differs."""
-    key = " ".join(action.split()).lower()
-    same = next(((i, d) for i, d in enumerate(demonstrations, 1) if " ".join(d.action.split()).lower() == key),
-                None)
+    def key(a: str) -> str:  # spacing and case do not make another action
+        return " ".join(a.split()).lower()
+
+    same = next(((i, d) for i, d in enumerate(demonstrations, 1) if key(d.action) == key(action)), None)
     if same is None:
         return f"No demonstration shows '{action}', so the outcome follows from the current state." \
             if demonstrations else ""
