@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dreamgym.words import jaccard as word_set_jaccard
+
 if TYPE_CHECKING:
     from dreamgym.envs.base import Environment
     from dreamgym.types import Task
@@ -53,11 +55,9 @@ def content_words(text: str) -> set[str]:
 
 
 def jaccard(a: str, b: str) -> float:
-    """Word-set Jaccard similarity of two texts."""
-    sa, sb = set(words(a)), set(words(b))
-    if not sa and not sb:
-        return 1.0
-    return len(sa & sb) / len(sa | sb)
+    """Word-set Jaccard similarity of two instructions, over this module's words (letters, apostrophes and
+    hyphens: "don't" and "living-room" stay one word, unlike the retrieval's ``dreamgym.words``)."""
+    return word_set_jaccard(frozenset(words(a)), frozenset(words(b)))
 
 
 def _stem(w: str) -> str:
