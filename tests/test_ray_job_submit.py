@@ -28,8 +28,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ray_head(tmp_path):
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """One head for the module's jobs: starting one takes ~15 s and stopping it ~30 s, and the jobs run one after
+    another, each cleaning up its own actors when it ends."""
+    tmp_path = tmp_path_factory.mktemp("ray-head")
     gcs, dash = _free_port(), _free_port()
     # Ray 2.60 clusters require token authentication; the head and the job client share a fresh token.
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_AUTH_MODE": "token",
@@ -64,7 +67,8 @@ def ray_head(tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=60)
+            # A graceful stop takes ~30 s; the whole group (head, raylet, workers) is ours, so 10 s is enough.
+            head.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
         log.close()
