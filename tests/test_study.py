@@ -64,6 +64,44 @@ def test_t_quantiles() -> None:
         t975(0)
 
 
+def test_exact_mcnemar_against_hand_computed_binomial_tails() -> None:
+    from dreamgym.study.paired import mcnemar_exact
+
+    assert mcnemar_exact(3, 0) == pytest.approx(2 * 1 / 8)  # P(X <= 0), X ~ Bin(3, 1/2)
+    assert mcnemar_exact(5, 1) == pytest.approx(2 * (1 + 6) / 64)  # P(X <= 1), X ~ Bin(6, 1/2)
+    assert mcnemar_exact(1, 5) == mcnemar_exact(5, 1)
+    assert mcnemar_exact(2, 2) == 1.0 and mcnemar_exact(0, 0) == 1.0  # capped; no discordant pair
+    assert mcnemar_exact(10, 0) == pytest.approx(2 / 1024)
+
+
+def test_paired_difference_bootstrap_and_power_against_hand_computed_values() -> None:
+    from dreamgym.study.paired import compare, paired_bootstrap, power_table, seeds_needed, spread
+
+    a = {(0, "t1", 0): 1.0, (0, "t2", 0): 1.0, (0, "t3", 0): 0.0, (0, "t4", 0): 1.0}
+    b = {(0, "t1", 0): 0.0, (0, "t2", 0): 1.0, (0, "t3", 0): 0.0, (1, "t1", 0): 1.0}  # (1, t1) has no pair
+    c = compare(a, b, resamples=500)
+    assert (c["n"], c["n10"], c["n01"], c["seeds"], c["tasks"]) == (3, 1, 0, [0], 3)
+    assert c["diff"] == pytest.approx(1 / 3) and c["p_mcnemar"] == 1.0
+    assert compare(a, b, resamples=500) == c  # seeded: the same records give the same interval
+    # one seed, two tasks with differences 0 and 1: a resample's mean is 0, 0.5 or 1 (p = 1/4, 1/2, 1/4), so the
+    # 2.5% and 97.5% percentiles are exactly 0 and 1
+    assert paired_bootstrap({0: {"x": [0.0], "y": [1.0]}}) == (0.0, 1.0)
+    assert paired_bootstrap({0: {"x": [0.5], "y": [0.5]}, 1: {"x": [0.5]}}) == (0.5, 0.5)
+    assert compare(a, {}, resamples=10)["diff"] is None
+    # spread: seed 0 differences [1, 0, 0, -1] (mean 0), seed 1 [1, 1, 0, 0] (mean 0.5): pooled within-seed
+    # variance (2 + 1) / 6 = 0.5; variance of the seed means 0.125 minus 0.5 / 4 episodes = 0 between seeds
+    cells = {0: {"t1": [1.0], "t2": [0.0], "t3": [0.0], "t4": [-1.0]}, 1: {"t1": [1.0], "t2": [1.0], "t3": [0.0],
+                                                                           "t4": [0.0]}}
+    sp = spread(cells)
+    assert sp["sigma_episode2"] == pytest.approx(0.5) and sp["sigma_seed2"] == pytest.approx(0.0)
+    # (1.959964 + 0.841621)^2 x 0.5 / 64 / 0.1^2 = 6.13 -> 7 seeds of 64 episodes resolve 10 points;
+    # with a between-seed variance of 0.01: 7.84888 x (0.01 + 0.5 / 64) / 0.01 = 13.98 -> 14
+    assert seeds_needed(0.5, 0.0, 64) == 7 and seeds_needed(0.5, 0.01, 64) == 14
+    pw = power_table(sp)
+    assert pw["rows"][0] == {"episodes_per_seed": 4, "seeds_needed": 99}
+    assert pw["resolvable_now"] == pytest.approx(2.801585 * (0.5 / 4 / 2) ** 0.5, rel=1e-5)
+
+
 # -- the arms' configs -------------------------------------------------------------------------------------
 def _study_cfg(**study: Any) -> Any:
     return validate_config({"train": {"iterations": 10, "real_budget": 500, "experience_sft": True,
@@ -72,14 +110,17 @@ def _study_cfg(**study: Any) -> Any:
 
 
 def test_every_arm_shares_steps_data_and_held_out_seeds(tmp_path: Path) -> None:
-    cfg = _study_cfg(seeds=3)
+    cfg = _study_cfg(seeds=3, arm_seeds={"no-rules": 1})
     assert cfg.study.seeds == [0, 1, 2] and tuple(cfg.study.arms) == STUDY_ARMS
+    assert cfg.study.seeds_of("no-rules") == [0] and cfg.study.seeds_of("dreamgym") == [0, 1, 2]
+    with pytest.raises(ConfigError, match="arm_seeds for unknown arm"):
+        _study_cfg(arm_seeds={"copysim": 1})
     offline = tmp_path / "offline.parquet"
     arms = {a: arm_seed_config(cfg, a, 1, offline, real_budget=42) for a in STUDY_ARMS}
     for a, c in arms.items():
         assert c.train.offline_data == offline and c.run.seed == 1 and c.policy.engine.seed == 1
         assert (c.train.eval.tasks, c.train.eval.first_seed, c.train.eval.split) == (64, 7, "test"), a
-        assert c.train.iterations == (0 if a == "base" else 10), a
+        assert c.train.iterations == (0 if a in ("base", "bc") else 10), a
     assert arms["base"].train.eval.at_start and not arms["real"].train.eval.at_start
     assert arms["real"].train.mode == "real" and arms["real"].train.real_budget is None
     assert arms["dreamgym"].train.mode == "synthetic"
@@ -88,6 +129,13 @@ def test_every_arm_shares_steps_data_and_held_out_seeds(tmp_path: Path) -> None:
     assert arms["no-retrieval"].experience_model.top_k == 0 and arms["dreamgym"].experience_model.top_k == 3
     assert arms["no-reasoning"].experience_model.reasoning is False
     assert arms["no-task-generation"].curriculum.generate_every == 0
+    rules = arms["no-rules"].experience_model
+    assert not rules.check_reward_rule and rules.inadmissible == "model" and arms["no-rules"].train.mode == "synthetic"
+    assert arms["copy-sim"].experience_model.backend == "copy" and not arms["copy-sim"].train.experience_sft
+    bc = arms["bc"].train  # as many learner steps as the trained arms, as many episodes a step as a GRPO step
+    assert (bc.mode, bc.iterations, bc.warm_start.method, bc.warm_start.steps) == ("real", 0, "sft", 10)
+    assert bc.warm_start.batch_episodes == cfg.curriculum.tasks_per_iteration * cfg.learner.group_size
+    assert bc.eval.at_start and arms["bc"].run.seed == arms["base"].run.seed == 1
     # the fine-tuned experience model is shared where its settings agree, not where an ablation changes them
     variants = {a: experience_variant(c) for a, c in arms.items()}
     assert variants["dreamgym"] == variants["dreamgym-s2r"] == variants["no-task-generation"]
@@ -126,7 +174,7 @@ def test_the_study_configs_are_valid_for_every_arm(name: str, tmp_path: Path) ->
     from dreamgym.placement import plan_placement
 
     cfg = load_config(REPO / "configs" / name)
-    assert len(cfg.study.seeds) >= 2 and tuple(cfg.study.arms) == STUDY_ARMS
+    assert len(cfg.study.seeds) >= 2 and set(cfg.study.arms) <= set(STUDY_ARMS)
     assert cfg.study.eval_episodes is not None and cfg.study.eval_episodes >= 64
     for arm in STUDY_ARMS:
         c = arm_seed_config(cfg, arm, cfg.study.seeds[-1], tmp_path / "offline.parquet", real_budget=10)
@@ -135,7 +183,8 @@ def test_the_study_configs_are_valid_for_every_arm(name: str, tmp_path: Path) ->
             assert requested_resources(c) <= (2.0, 0.0), arm  # fits the 2-core machine
         else:
             assert "/" in c.policy.model and "/" in c.experience_model.model  # hub ids
-            expected = 3 if arm in ("base", "real") else 5  # the header's table: learner 1 + engines 2 (+ replicas 2)
+            # the header's table: learner 1 + engines 2 (+ replicas 2 where a model plays the environment)
+            expected = 3 if arm in ("base", "real", "copy-sim", "bc") else 5
             assert plan_placement(c).total_gpus == expected, arm
     if name == "study-gpu.yaml":  # S2R at the paper's budget: 2 real iterations of 20
         assert s2r_real_iterations(cfg) == 2 and cfg.train.iterations == 20
