@@ -26,6 +26,7 @@ from test_train import tiny_config
 from dreamgym.cli import main
 from dreamgym.config import STUDY_ARMS, load_config, validate_config
 from dreamgym.errors import ConfigError
+from dreamgym.eval_records import final_records
 from dreamgym.experience.prompts import format_reply
 from dreamgym.study.arms import arm_seed_config, experience_variant, s2r_budget, s2r_real_iterations
 from dreamgym.study.stats import Interval, mean_interval, t975
@@ -99,6 +100,7 @@ def test_paired_difference_bootstrap_and_power_against_hand_computed_values() ->
     assert seeds_needed(0.5, 0.0, 64) == 7 and seeds_needed(0.5, 0.01, 64) == 14
     pw = power_table(sp)
     assert pw["rows"][0] == {"episodes_per_seed": 4, "seeds_needed": 99}
+    assert power_table(spread({0: {"x": [0.0], "y": [0.0]}}))["rows"] == []  # no spread: no claim of power
     assert pw["resolvable_now"] == pytest.approx(2.801585 * (0.5 / 4 / 2) ** 0.5, rel=1e-5)
 
 
@@ -242,62 +244,97 @@ def _study(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 4 tiny train runs and a collection, each with its own Ray; a loaded 2-core box is slow
+@pytest.mark.timeout(3600)  # 5 tiny train runs and a collection, each with its own Ray; a loaded 2-core box is slow
 @pytest.mark.ray
 @pytest.mark.engine
 def test_a_tiny_study_runs_resumes_and_reports(tmp_path: Path) -> None:
+    """DreamGym (2 seeds) and the base policy, the copy-top-1 simulator and behaviour cloning (1 seed each: they are
+    paired with DreamGym on seed 0's held-out episodes)."""
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)
-    with ScriptedOpenAIServer(_EveryOtherPays()) as server:
+    model = _EveryOtherPays()
+    with ScriptedOpenAIServer(model) as server:
         cfg = tiny_config(
             tmp_path / "runs", ray={"num_cpus": 2},
             experience_model={"backend": "http", "url": server.url, "check_reward_rule": False,
                               "inadmissible": "model"},
             learner={"group_size": 4},
             train={"iterations": 2, "warm_start": {"method": "none"}, "checkpoint_every": 0},
-            study={"name": "tiny", "arms": ["dreamgym", "no-retrieval"], "seeds": 2, "eval_episodes": 3})
+            study={"name": "tiny", "arms": ["base", "dreamgym", "copy-sim", "bc"], "seeds": 2, "eval_episodes": 3,
+                   "arm_seeds": {"base": 1, "copy-sim": 1, "bc": 1}})
         (tmp_path / "study.yaml").write_text(yaml.safe_dump(cfg))
         study = tmp_path / "runs" / "study-tiny"
 
         first = _study([str(tmp_path / "study.yaml"), "--arm", "dreamgym"], env)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         assert first.stdout.count(": start (") == 2 and first.stdout.count(": done in ") == 2, first.stdout
-        assert not (study / "no-retrieval").exists()
+        assert not (study / "copy-sim").exists()
         done = {p: p.stat().st_mtime_ns for p in study.glob("dreamgym/seed-*/summary.json")}
         assert len(done) == 2
         offline_mtime = (study / "offline.parquet").stat().st_mtime_ns
+        model_calls = model.calls
 
         second = _study(["--resume", str(study)], env)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert second.stdout.count("finished before, skipped") == 2 and second.stdout.count(": done in ") == 2
+    assert second.stdout.count("finished before, skipped") == 2 and second.stdout.count(": done in ") == 3
     assert {p: p.stat().st_mtime_ns for p in done} == done  # finished arm-seeds were not run again
     assert (study / "offline.parquet").stat().st_mtime_ns == offline_mtime  # collected once
+    assert model.calls == model_calls  # copy-sim asked no experience model (base and bc need none)
+    assert "experience-model replica" not in (study / "copy-sim" / "seed-0" / "train.log").read_text()
 
     result = json.loads((study / "results.json").read_text())
-    assert set(result["arms"]) == {"dreamgym", "no-retrieval"}
+    arms = {a["arm"]: a for a in result["arms"]}
+    assert set(arms) == {"base", "dreamgym", "copy-sim", "bc"}
+    assert arms["dreamgym"]["seeds"] == [0, 1] and arms["bc"]["seeds"] == arms["copy-sim"]["seeds"] == [0]
     assert result["checks"]["same_learner_step_budget"] and result["checks"]["learner_step_budget"] == [2]
     assert result["checks"]["same_eval_set"] and result["checks"]["eval_sets"][0]["tasks"] == 3
-    runs = result["runs"]
-    assert len(runs) == 4 and all(r["finished"] and r["iterations"] == 2 for r in runs)
-    assert all(1 <= r["learner_steps"] <= 2 for r in runs), runs  # synthetic groups had reward variance
-    assert all(r["real_transitions"] == 0 and r["random_valid_success"] is not None for r in runs)
-    configs = [yaml.safe_load((Path(r["run_dir"]) / "config.yaml").read_text()) for r in runs]
-    assert {c["train"]["offline_data"] for c in configs} == {str((study / "offline.parquet").resolve())}
-    assert {c["experience_model"]["top_k"] for c in configs} == {0, 2}
-    for arm in ("dreamgym", "no-retrieval"):
-        assert result["arms"][arm]["success"]["n"] == 2 and result["arms"][arm]["success"]["low"] is not None
-    # The diagnosis reads the runs' own records: groups of the scripted simulator that pays every other reply
-    # have reward variance (a learner step needs one), and its rewards agree with success.
-    assert all(r["groups"] >= 1 and r["mixed_group_share"] > 0 for r in runs), runs
-    assert all(r["reward_success_agreement"] == 1.0 and r["synthetic_success"] is not None for r in runs), runs
-    claim = next(c for c in result["pattern"] if c["left"] == "no-retrieval")
-    assert claim["holds"] in (True, False) and claim["resolved"] is not None  # 2 seeds each: intervals exist
+    runs = {(r["arm"], r["seed"]): r for r in result["runs"]}
+    assert len(runs) == 5 and all(r["finished"] for r in runs.values())
+    for seed in (0, 1):
+        r = runs[("dreamgym", seed)]
+        assert r["iterations"] == 2 and 1 <= r["learner_steps"] <= 2, r  # synthetic groups had reward variance
+        assert r["groups"] >= 1 and r["mixed_group_share"] > 0 and r["reward_success_agreement"] == 1.0, r
+    assert runs[("bc", 0)]["learner_steps"] == 2 and runs[("bc", 0)]["iterations"] == 0  # 2 cloning steps, no RL
+    # What each arm consumed: offline (expert / other), online real, evaluation, synthetic
+    offline = arms["dreamgym"]["offline_real_transitions"]
+    assert offline > 0 and arms["copy-sim"]["offline_real_transitions"] == offline
+    assert arms["dreamgym"]["offline_expert_transitions"] + arms["dreamgym"]["offline_other_transitions"] == offline
+    assert 0 < arms["bc"]["offline_real_transitions"] == arms["bc"]["offline_expert_transitions"] < offline
+    assert arms["base"]["offline_real_transitions"] == 0
+    assert all(a["online_real_transitions"] == 0 and a["eval_transitions"] > 0 for a in arms.values())
+    assert arms["copy-sim"]["synthetic_transitions"] > 0 and arms["bc"]["synthetic_transitions"] == 0
+    assert arms["dreamgym"]["rules_would_settle_share"] is not None  # the rules counted while off
+    assert arms["dreamgym"]["rules_settled_share"] == 0.0  # inadmissible: model, so they settled nothing
+    assert arms["copy-sim"]["rules_first_reply_final_agreement"] in (None, 1.0)  # copying is deterministic
+    summary = json.loads((study / "dreamgym" / "seed-0" / "summary.json").read_text())
+    assert len(summary["simulator_rules"]["per_iteration"]) == 2 and summary["simulator_rules"]["queries"] > 0
+    # Per-episode records: every arm at seed 0 played the same held-out tasks with the same sampling seed
+    records = {a: final_records(study / a / "seed-0") for a in arms}
+    keys = {a: [(r["task_id"], r["episode"], r["run_seed"], r["sampling_seed"]) for r in rs]
+            for a, rs in records.items()}
+    assert len(keys["base"]) == 3 and all(k == keys["base"] for k in keys.values()), keys
+    assert all({"success", "steps", "unparsable", "invalid_actions", "weight_version", "task_seed"} <= set(r)
+               for rs in records.values() for r in rs)
+    assert {r["label"] for r in records["base"]} == {"start"} and {r["label"] for r in records["dreamgym"]} == {"final"}
+    # Paired intervals for the pairs the pattern names: 3 held-out episodes of seed 0 in common
+    paired = {(p["a"], p["b"]): p for p in result["paired"] if p["scale"] == 1.0}
+    for pair in (("dreamgym", "copy-sim"), ("dreamgym", "bc"), ("dreamgym", "base"), ("copy-sim", "base"),
+                 ("bc", "base")):
+        p = paired[pair]
+        assert p["n"] == 3 and p["seeds"] == [0], p
+        assert p["ci95"][0] <= p["diff"] <= p["ci95"][1] and 0 <= p["p_mcnemar"] <= 1, p
+    assert result["power"]["delta"] == 0.1 and "note" in result["power"] and result["setting"]["env"] == "twx:coin"
+    assert result["setting"]["iterations"] == 2 and result["setting"]["base_success"] == arms["base"]["success"]
+    claim = next(c for c in result["pattern"] if c["right"] == "copy-sim")
+    assert claim["holds"] in (True, False) and claim["paired"]["n"] == 3
 
     for name in ("results.md", "results.json", "success_vs_real.png"):
         (study / name).unlink()
     rebuilt = _study(["--report", str(study)], env)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert (study / "success_vs_real.png").stat().st_size > 0
-    assert json.loads((study / "results.json").read_text())["arms"] == result["arms"]
+    again = json.loads((study / "results.json").read_text())
+    assert again["arms"] == result["arms"] and again["paired"] == result["paired"]  # seeded bootstrap
     table = (study / "results.md").read_text()
-    assert "| dreamgym: DreamGym (synthetic only) | 2 |" in table and "no-retrieval" in table
+    assert "| dreamgym: DreamGym (synthetic only) | 2 |" in table and "copy-sim" in table
+    assert "| dreamgym | copy-sim |" in table and "Power" in table

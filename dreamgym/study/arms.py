@@ -156,9 +156,10 @@ def arm_seed_config(cfg: DreamGymConfig, arm: str, seed: int, offline: Path | No
                               "study.s2r_real_iterations")
         data = deep_merge(data, {"train": {"synthetic_iterations": cfg.train.iterations - k,
                                            "real_budget": real_budget or 1}})
-    if arm == "bc":  # the same learner budget as the trained arms: as many steps, as many episodes a step
+    if arm == "bc":  # the same learner budget as the trained arms (their warm start, if any, and their iterations)
+        ws = cfg.train.warm_start
         data = deep_merge(data, {"train": {"warm_start": {
-            "steps": max(1, cfg.train.iterations),
+            "steps": max(1, cfg.train.iterations + (ws.steps if ws.method == "sft" else 0)),
             "batch_episodes": cfg.curriculum.tasks_per_iteration * cfg.learner.group_size}}})
     data = deep_merge(data, _expand_dotted(st.overrides.get(arm, {})))
     if experience_model is not None:

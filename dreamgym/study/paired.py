@@ -155,6 +155,9 @@ def power_table(measured: dict[str, Any], delta: float = 0.10,
     s_ep, s_seed = measured.get("sigma_episode2"), measured.get("sigma_seed2")
     if s_ep is None:
         return {"delta": delta, "rows": [], "note": "no paired episodes measured"}
+    if s_ep == 0 and not s_seed:  # every pair agreed: a zero variance would claim one seed resolves anything
+        return {"delta": delta, "rows": [], "sigma_episode2": 0.0, "sigma_seed2": s_seed,
+                "note": "no spread measured (every episode pair agreed): no power calculation"}
     e_now, n_now = max(1, round(measured["episodes_per_seed"])), measured["seeds"]
     sizes = sorted({*episodes, e_now})
     return {"delta": delta, "alpha": 0.05, "power": 0.8, "sigma_episode2": s_ep, "sigma_seed2": s_seed,

@@ -65,12 +65,18 @@ class ArmSeed:
     def to_dict(self) -> dict[str, Any]:
         s = self.summary or {}
         t = self.config.get("train", {})
+        ws = t.get("warm_start") or {}
+        ws_steps = int(ws.get("steps", 0)) if ws.get("method") == "sft" else 0
+        warm = ws_steps if "warm_start" in (s.get("phase_seconds") or {}) else 0
         return {"arm": self.arm, "seed": self.seed, "run_dir": str(self.path), "finished": self.finished,
                 "success": s.get("success_final"), "random_valid_success": s.get("baseline_success"),
                 "success_start": s.get("success_start"), "real_transitions": s.get("real_transitions"),
                 "synthetic_transitions": s.get("synthetic_transitions"),
-                "invalid_transitions": s.get("invalid_transitions"), "learner_steps": s.get("learner_steps"),
-                "iterations": s.get("iterations"), "iterations_configured": t.get("iterations"),
+                "invalid_transitions": s.get("invalid_transitions"),
+                # learner steps: behaviour-cloning (warm-start) steps and GRPO steps alike, so ``bc`` (all of its
+                # steps cloning) and the RL arms share one budget
+                "learner_steps": None if s.get("learner_steps") is None else s["learner_steps"] + warm,
+                "iterations": s.get("iterations"), "iterations_configured": (t.get("iterations") or 0) + ws_steps,
                 "real_budget": t.get("real_budget") if t.get("mode") == "s2r" else None,
                 "offline_transitions": s.get("offline_transitions"), "wall_seconds": s.get("wall_seconds"),
                 **offline_used(self.config),
@@ -206,11 +212,12 @@ def paired_results(runs: list[ArmSeed], resamples: int = 2000) -> list[dict[str,
 
 def power(paired: list[dict[str, Any]], delta: float = 0.10) -> dict[str, Any]:
     """The power calculation from the measured spread of one pair: ``dreamgym`` vs ``real`` when measured, else the
-    first measured pair (``dreamgym.study.paired.power_table``)."""
+    pair with the largest per-episode spread, the most demanding one (``dreamgym.study.paired.power_table``)."""
     measured = [p for p in paired if p.get("spread") and p["scale"] == 1.0]
     if not measured:
         return {"delta": delta, "rows": [], "note": "no paired episodes measured"}
-    pick = next((p for p in measured if (p["a"], p["b"]) == ("dreamgym", "real")), measured[0])
+    pick = next((p for p in measured if (p["a"], p["b"]) == ("dreamgym", "real")),
+                max(measured, key=lambda p: p["spread"]["sigma_episode2"] or 0.0))
     return {"pair": [pick["a"], pick["b"]], **power_table(pick["spread"], delta)}
 
 
@@ -218,12 +225,11 @@ def setting(runs: list[ArmSeed], arms: dict[str, Any], random_valid: dict[str, A
     """The study's setting: environment, its parameters, base and random-valid success, the iteration budget."""
     cfg = next((r.config for r in runs if r.config), {})
     env = cfg.get("env", {})
-    iterations = sorted({int(r.config.get("train", {}).get("iterations", 0)) for r in runs
-                         if r.arm != "base" and r.config})
+    iterations = [int(r.config.get("train", {}).get("iterations", 0)) for r in runs if r.config]
     return {"env": env.get("name"), "params": env.get("params"),
             "base_success": arms.get("base", {}).get("success", {}).get("mean"),
             "random_valid_success": random_valid.get("mean"),
-            "iterations": iterations[0] if len(iterations) == 1 else iterations}
+            "iterations": max(iterations, default=None)}  # the trained arms' (``base`` and ``bc`` run none)
 
 
 def aggregate(runs: list[ArmSeed]) -> dict[str, Any]:
@@ -361,6 +367,8 @@ def paired_lines(paired: list[dict[str, Any]], pw: dict[str, Any]) -> list[str]:
                       f"paired difference of {100 * pw['resolvable_now']:.1f} points; a "
                       f"{100 * pw['delta']:.0f}-point difference needs:"]
         lines += [f"- {r['episodes_per_seed']} episodes per seed: {r['seeds_needed']} seed(s)" for r in pw["rows"]]
+    elif pw:
+        lines += ["", f"Power: {pw.get('note', 'not computed')}."]
     return lines
 
 
