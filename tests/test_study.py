@@ -161,6 +161,33 @@ def test_per_arm_overrides_and_their_errors(tmp_path: Path) -> None:
         arm_seed_config(_study_cfg(s2r_real_iterations=10), "dreamgym-s2r", 0, None)
 
 
+def test_offline_split_counts_expert_episodes_and_bc_refuses_data_without_any(tmp_path: Path) -> None:
+    from experience_data import HALL, KITCHEN, TOY_ENV, toy_row, write_toy
+
+    from dreamgym.commands.study import check_expert_data
+    from dreamgym.data.expert import offline_split
+    from dreamgym.study.results import offline_used
+
+    rows = [toy_row("g0", 0, HALL, "look", HALL, 0.0, False, False),  # a 2-step gold win
+            toy_row("g0", 1, HALL, "go north", KITCHEN, 1.0, True, True),
+            {**toy_row("r0", 0, HALL, "look", HALL, 0.0, False, False), "policy": "random"},
+            {**toy_row("g1", 0, HALL, "look", HALL, 0.0, True, False)}]  # gold but lost: not expert
+    data = write_toy(tmp_path / "mixed.parquet", rows)
+    assert offline_split(data) == {"total": 4, "expert": 2, "other": 2, "expert_episodes": 1}
+    synthetic = {"env": {"name": TOY_ENV}, "train": {"mode": "synthetic", "offline_data": str(data)}}
+    bc = {"env": {"name": TOY_ENV}, "train": {"mode": "real", "offline_data": str(data),
+                                              "warm_start": {"method": "sft", "episodes": 64}}}
+    assert offline_used(synthetic) == {"offline_real_transitions": 4, "offline_expert_transitions": 2,
+                                       "offline_other_transitions": 2}
+    assert offline_used(bc)["offline_real_transitions"] == 2 and offline_used({"train": {"mode": "real"}}) == {
+        "offline_real_transitions": 0, "offline_expert_transitions": 0, "offline_other_transitions": 0}
+    cfg = validate_config({"env": {"name": TOY_ENV}})
+    check_expert_data(cfg, data)
+    random_only = write_toy(tmp_path / "random.parquet", rows[2:3])
+    with pytest.raises(ConfigError, match="the bc arm clones the offline data's expert episodes"):
+        check_expert_data(cfg, random_only)
+
+
 def test_s2r_budget_is_a_share_of_the_real_arm() -> None:
     cfg = _study_cfg()
     assert s2r_real_iterations(cfg) == 1
