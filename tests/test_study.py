@@ -243,6 +243,27 @@ def test_the_papers_pattern_is_checked_and_a_failing_claim_names_the_parts_to_lo
     assert "DOES NOT HOLD" in text and "n/a: not measured" in text
 
 
+def test_the_pattern_is_judged_on_paired_intervals_when_episodes_were_kept() -> None:
+    from dreamgym.study.pattern import paper_pattern
+
+    arms = {"real": _arm([0.80, 0.82]), "dreamgym": _arm([0.70, 0.72]), "copy-sim": _arm([0.69, 0.71]),
+            "no-rules": _arm([0.75])}
+    paired = [{"a": "dreamgym", "b": "real", "scale": 0.95, "diff": -0.06, "ci95": [-0.10, -0.02], "p_mcnemar": 0.01,
+               "n": 128},
+              {"a": "dreamgym", "b": "copy-sim", "scale": 1.0, "diff": 0.01, "ci95": [-0.05, 0.07], "p_mcnemar": 0.8,
+               "n": 128},
+              {"a": "no-rules", "b": "dreamgym", "scale": 1.0, "diff": -0.03, "ci95": [-0.06, -0.01],
+               "p_mcnemar": 0.04, "n": 64}]
+    claims = {c["claim"]: c for c in paper_pattern(arms, paired)}
+    share = claims["DreamGym >= 0.95 x real-environment GRPO"]
+    assert share["holds"] is False and share["resolved"] is True and share["paired"]["n"] == 128
+    assert "paired dreamgym - 0.95 x real -6.0 points [-10.0, -2.0]" in share["detail"]
+    model = claims["DreamGym above the copy-top-1 simulator (the model earns its place)"]
+    assert model["holds"] is True and model["resolved"] is False and "not resolved" in model["detail"]
+    rules = claims["no-rules below DreamGym"]
+    assert rules["holds"] is True and rules["resolved"] is True  # one seed, but a paired interval over episodes
+
+
 def test_report_and_resume_need_a_study_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["study", "--report", str(tmp_path)]) == 2
     assert main(["study", "--resume", str(tmp_path)]) == 2
