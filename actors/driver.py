@@ -7,7 +7,7 @@ the rollouts of ``t+1`` are launched before the learner step of ``t`` (they over
 weights one version old; groups staler than the bound are dropped and counted). The real environment
 evaluates the policy on a fixed held-out task set before training, every ``train.eval.every`` iterations
 and at the end, always beside the random-valid-action baseline on the same tasks, with the real
-transitions spent so far.
+transitions spent so far; every evaluated episode is kept in ``eval_episodes.jsonl`` (``dreamgym.eval_records``).
 
 Setup (offline data, replay seeding, actors, warm start) is ``actors.train_setup``; the counters, the
 iteration log and checkpoints ``dreamgym.train_state``; the report ``dreamgym.report``.
@@ -39,6 +39,8 @@ from actors.train_setup import (
 )
 from dreamgym.config import DreamGymConfig, load_config, save_config
 from dreamgym.errors import ConfigError, TrainingFaultError
+from dreamgym.eval_records import append_records, episode_records
+from dreamgym.experience.accounting import counts_from, rule_figures
 from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
 from dreamgym.progress import MetricSinks, Progress
 from dreamgym.rollout import (
@@ -294,13 +296,19 @@ class Run:
             return
         tasks = repeat_tasks(self.eval_tasks, t.eval.episodes_per_task)
         t0 = time.perf_counter()
+        seeds = {"label": label, "iteration": self.state.iteration, "run_seed": self.cfg.run.seed}
         if self.state.baseline is None:
-            base = self.collect(self.rollouts(tasks, "random", seed=self.cfg.run.seed), self.state.iteration,
-                                "random").stats
+            got = self.collect(self.rollouts(tasks, "random", seed=self.cfg.run.seed), self.state.iteration, "random")
+            base = got.stats
             self.state.baseline = {k: base[k] for k in ("success_rate", "mean_reward", "episodes", "steps")}
             self.state.eval_transitions += int(base["steps"])
-        s = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
-                         self.state.iteration, "eval").stats
+            append_records(self.run_dir, episode_records(got.trajectories, self.eval_tasks, policy="random",
+                                                         sampling_seed=self.cfg.run.seed, **seeds))
+        got = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
+                           self.state.iteration, "eval")
+        s = got.stats
+        append_records(self.run_dir, episode_records(got.trajectories, self.eval_tasks, policy="policy",
+                                                     sampling_seed=self.cfg.policy.engine.seed, **seeds))
         self.state.eval_transitions += int(s["steps"])
         seconds = time.perf_counter() - t0
         self.state.add_phase("eval", seconds, int(s["episodes"]), int(s["steps"]))
@@ -445,6 +453,8 @@ class Run:
             seed = launched.iteration + RESAMPLE_SEED_STRIDE * (rnd + 1)
             calls = self.rollouts(repeat_tasks(more, n), phase, seed=seed)
         merged = merge_rounds(stats)
+        if phase == "synthetic":  # what the rules settled, how the model's own first replies fared
+            merged.update(counts_from(merged).rule_shares())
         version = int(self.remote(self.a.learner.version.remote(), "asking the learner its weight version"))
         fresh, stale = split_stale(groups, version, self.cfg.train.max_staleness)
         log.note(phase=phase, rollout=merged, groups=group_stats(groups), stale_groups=len(stale), left_out=left_out,
@@ -561,7 +571,8 @@ class Run:
                 "reward_final": last.get("mean_reward"),
                 "baseline_success": (st.baseline or {}).get("success_rate"),
                 "baseline_reward": (st.baseline or {}).get("mean_reward"),
-                "wall_seconds": round(st.wall_seconds, 1), "phase_seconds": st.phase_seconds, "evals": st.evals}
+                "wall_seconds": round(st.wall_seconds, 1), "phase_seconds": st.phase_seconds, "evals": st.evals,
+                "simulator_rules": rule_figures([r for r in self.metrics.read() if r.get("event") == "iteration"])}
 
     def close(self) -> None:
         if self.sinks is not None:

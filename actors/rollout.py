@@ -122,12 +122,13 @@ class RolloutWorker:
         if self.replicas:
             client: Any = RayExperienceClient(self.replicas, em.router_refresh_s, em.request_timeout_s, owns=False,
                                               revive_timeout_s=em.revive_timeout_s)
-        elif em.backend == "http":
+        elif em.backend in ("http", "copy"):  # copy: the top-1 retrieved transition, no model (copy-sim)
             from actors.experience_model import connect_experience_model
 
             client = connect_experience_model(em)
         else:
-            raise RuntimeError("synthetic rollouts need experience-model replicas or experience_model.backend: http")
+            raise RuntimeError("synthetic rollouts need experience-model replicas or experience_model.backend: "
+                               "http or copy")
         self._experience = build_model(em, client, self.cfg.env.state_max_chars)
         if self.offline_data is not None:
             from actors.files import local_copy

@@ -316,7 +316,9 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
             raise RuntimeError(f"learner: not up within {learner_timeout:g} s (the larger of policy.engine and "
                                "experience_model.engine start_timeout_s bounds it)") from None
         factory = None
-        if Schedule.from_config(cfg.train).uses_synthetic and cfg.curriculum.llm_variants > 0:
+        # The copy backend has no model to write task variants with: its curriculum generates parameter tasks only.
+        if (Schedule.from_config(cfg.train).uses_synthetic and cfg.curriculum.llm_variants > 0
+                and cfg.experience_model.backend != "copy"):
             factory = functools.partial(_curriculum_generator, cfg.experience_model.model_dump(mode="json"), a.replicas)
         # The offline data reaches the curriculum and the workers through the object store (any node reads it).
         a.offline = None if offline is None else ship_file(offline)
@@ -341,9 +343,9 @@ def gold_for_warm_start(cfg: DreamGymConfig, offline: Path | None, run_dir: Path
     """Gold episodes for the warm start: from ``offline``, else collected with the gold policy into
     ``<run>/gold.parquet`` (reused when it is there). Called before any actor starts, so a collection never
     waits for CPUs the run's actors hold."""
+    from dreamgym.data.expert import gold_episodes
     from dreamgym.data.transitions import iter_transitions
     from dreamgym.errors import DreamGymError
-    from learner.bc import gold_episodes
 
     limit = cfg.train.warm_start.episodes
     episodes = gold_episodes(iter_transitions(offline), limit=limit) if offline else []

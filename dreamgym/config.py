@@ -702,10 +702,13 @@ class ExperienceModelConfig(Section):
     """The experience model: an alias of ``dreamgym.models``, an HF folder (e.g. the output of
     ``dreamgym train-experience-model``) or a hub id (``org/name``, through the HF cache). For ``backend: http``
     it is only a label."""
-    backend: Literal["ray", "local", "http"] = "ray"
+    backend: Literal["ray", "local", "http", "copy"] = "ray"
     """``ray``: ``replicas`` Ray actors, each owning an in-process vLLM engine, behind a least-loaded
     router; ``local``: one in-process vLLM engine in the calling process; ``http``: an OpenAI-compatible
-    server at ``url``."""
+    server at ``url``; ``copy``: no model at all: each step's next state, reward and done are those of the
+    top-1 retrieved real transition (``dreamgym.experience.copy_client``), through the same retrieval,
+    admissible checks and reward rules (the ``copy-sim`` control of ``dreamgym study``; needs ``top_k >= 1``;
+    starts no engine and fine-tunes nothing)."""
     url: str | None = None
     """Base URL of an OpenAI-compatible server for ``backend: http`` (e.g. ``http://127.0.0.1:8000/v1``)."""
     api_key: SecretField = None
@@ -796,6 +799,13 @@ class ExperienceModelConfig(Section):
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError(f"expected an http(s) URL such as 'http://127.0.0.1:8000/v1', got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _copy_needs_retrieval(self) -> ExperienceModelConfig:
+        if self.backend == "copy" and self.top_k < 1:
+            raise ValueError("experience_model.backend 'copy' copies the top-1 retrieved transition: it needs "
+                             "experience_model.top_k >= 1 (got 0)")
+        return self
 
 
 class RolloutConfig(Section):
@@ -998,8 +1008,10 @@ class TrainConfig(Section):
 
 #: The arms of ``dreamgym study`` (the paper's Table 1 on one environment), in the order they run: ``real``
 #: before ``dreamgym-s2r``, whose real-transition budget is a share of the real arm's (``dreamgym.study.arms``).
-STUDY_ARMS = ("base", "real", "dreamgym", "dreamgym-s2r", "no-retrieval", "no-reasoning", "no-task-generation")
-StudyArm = Literal["base", "real", "dreamgym", "dreamgym-s2r", "no-retrieval", "no-reasoning", "no-task-generation"]
+STUDY_ARMS = ("base", "real", "dreamgym", "dreamgym-s2r", "copy-sim", "bc", "no-retrieval", "no-reasoning",
+              "no-task-generation", "no-rules")
+StudyArm = Literal["base", "real", "dreamgym", "dreamgym-s2r", "copy-sim", "bc", "no-retrieval", "no-reasoning",
+                   "no-task-generation", "no-rules"]
 
 
 class StudyConfig(Section):
@@ -1012,12 +1024,18 @@ class StudyConfig(Section):
     arms: list[StudyArm] = Field(default_factory=lambda: list(STUDY_ARMS))
     """Arms to run (``--arm NAME`` narrows a single invocation): ``base`` (the initial policy, evaluated only),
     ``real`` (GRPO in the real environment), ``dreamgym`` (synthetic only), ``dreamgym-s2r`` (synthetic, then a
-    small real budget), and the ablations of ``dreamgym``: ``no-retrieval`` (``experience_model.top_k 0``),
+    small real budget), the controls ``copy-sim`` (the same synthetic environment copying the top-1 retrieved
+    transition, no experience model) and ``bc`` (behaviour cloning on the offline expert episodes, as many
+    learner steps, no RL), and the ablations of ``dreamgym``: ``no-retrieval`` (``experience_model.top_k 0``),
     ``no-reasoning`` (``experience_model.reasoning false``), ``no-task-generation``
-    (``curriculum.generate_every 0``). They always run in this order."""
+    (``curriculum.generate_every 0``), ``no-rules`` (no reward-rule resampling, no settling: every step goes to
+    the model; the rules only count). They always run in this order (``docs/study.md``)."""
     seeds: list[int] = Field(default_factory=lambda: [0, 1])
     """Training seeds (``run.seed`` and the engines' sampling seeds of each run); an integer ``n`` means
     ``0..n-1``. The table shows the mean and a 95% t-interval over them."""
+    arm_seeds: dict[str, int] = Field(default_factory=dict)
+    """Fewer seeds for some arms: ``{arm: n}`` runs the first ``n`` of ``seeds`` for that arm (e.g. the ablations
+    with one seed, paired against ``dreamgym`` on the same seed and tasks). Arms not named run every seed."""
     eval_episodes: int | None = Field(default=64, ge=1)
     """Held-out real episodes per evaluation point: sets ``train.eval.tasks`` (one episode per held-out seed from
     ``train.eval.first_seed``) in every arm alike. ``None``: ``train.eval`` as configured."""
@@ -1075,6 +1093,21 @@ class StudyConfig(Section):
         if unknown:
             raise ValueError(f"overrides for unknown arm(s) {', '.join(unknown)}; arms: {', '.join(STUDY_ARMS)}")
         return v
+
+    @field_validator("arm_seeds")
+    @classmethod
+    def _arm_seed_counts(cls, v: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(v) - set(STUDY_ARMS))
+        if unknown:
+            raise ValueError(f"arm_seeds for unknown arm(s) {', '.join(unknown)}; arms: {', '.join(STUDY_ARMS)}")
+        bad = {a: n for a, n in v.items() if n < 1}
+        if bad:
+            raise ValueError(f"arm_seeds must be at least 1 per arm, got {bad}")
+        return v
+
+    def seeds_of(self, arm: str) -> list[int]:
+        """The training seeds ``arm`` runs: the first ``arm_seeds[arm]`` of ``seeds``, else all of them."""
+        return self.seeds[: self.arm_seeds[arm]] if arm in self.arm_seeds else list(self.seeds)
 
 
 class DreamGymConfig(Section):

@@ -19,37 +19,23 @@ a collection with the gold policy); ``dreamgym sft`` is ``dreamgym.commands.trai
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dreamgym.agent_prompt import ACTION_TAG, build_messages
+from dreamgym.data.expert import gold_episodes
 from dreamgym.grpo import policy_loss
 from dreamgym.types import AgentTurn, Observation, Task, Trajectory, Transition
 from learner.batching import collate, micro_batches
 from learner.model import token_logprobs
 from learner.sequences import TokenSequence, assign_weights, trajectory_sequences
 
+__all__ = ["BehaviourCloning", "bc_sequences", "gold_episodes", "run_bc", "save_policy", "tokenise_episode"]
+
 if TYPE_CHECKING:
     from dreamgym.config import PolicyConfig
     from learner.learner import Learner
-
-
-def gold_episodes(transitions: Iterable[Transition], limit: int | None = None) -> list[list[Transition]]:
-    """Successful episodes whose every step came from the gold policy, in first-seen order."""
-    episodes: dict[str, list[Transition]] = defaultdict(list)
-    for t in transitions:
-        if t.policy in ("gold", "mixed:gold") and t.source == "real":
-            episodes[t.episode_id].append(t)
-    out = []
-    for steps in episodes.values():
-        steps.sort(key=lambda t: t.step)
-        if steps and steps[-1].success and [t.step for t in steps] == list(range(len(steps))):
-            out.append(steps)
-        if limit is not None and len(out) >= limit:
-            break
-    return out
 
 
 def tokenise_episode(steps: Sequence[Transition], tokenizer: Any, policy: PolicyConfig) -> Trajectory:

@@ -18,7 +18,8 @@ from dreamgym.experience.schema import ExperienceQuery
 def test_counters_are_every_field_but_reasons() -> None:
     assert {f.name for f in fields(InvalidAccounting)} == {*COUNTERS, "reasons"}
     assert COUNTERS == ("queries", "model_calls", "retries", "valid", "invalid", "recovered", "settled",
-                        "prompt_tokens", "completion_tokens")
+                        "unsettled", "rule_unenforced", "first_parsed", "first_rule_ok", "first_final",
+                        "first_final_agree", "prompt_tokens", "completion_tokens")
     d = InvalidAccounting(queries=4, invalid=1).as_dict()
     assert set(d) == {*COUNTERS, "invalid_rate", "reasons"} and d["invalid_rate"] == 0.25
 

@@ -120,6 +120,18 @@ def offline_data(cfg: DreamGymConfig, study_dir: Path, name: str) -> Path | None
     return path
 
 
+def check_expert_data(cfg: DreamGymConfig, offline: Path | None) -> None:
+    """The ``bc`` arm clones the offline data's expert episodes; without any it would collect gold episodes of its
+    own (real transitions no other arm gets), so the study refuses it up front."""
+    from dreamgym.data.expert import offline_split
+
+    n = offline_split(offline, cfg.env.name)["expert_episodes"] if offline is not None else 0
+    if n == 0:
+        raise ConfigError(f"the bc arm clones the offline data's expert episodes, and "
+                          f"{offline or 'the study (collect.episodes 0)'} has none of {cfg.env.name}: collect with "
+                          "collect.policy gold or mixed (collect.gold_fraction > 0), or leave bc out of study.arms")
+
+
 # -- one arm-seed ----------------------------------------------------------------------------------------
 def _donor(study_dir: Path, variant: str) -> Path | None:
     """A fine-tuned experience model of this variant that an earlier arm-seed of the study trained."""
@@ -250,13 +262,17 @@ def cmd_study(args: argparse.Namespace, overrides: list[str]) -> int:
     name, arms, seeds = study_name(cfg), _selected_arms(cfg, args.arm), cfg.study.seeds
     placeholder = (d / "offline.parquet").resolve()
     for arm in arms:  # every arm-seed's config is valid before anything runs
-        for seed in seeds:
+        for seed in cfg.study.seeds_of(arm):
             arm_seed_config(cfg, arm, seed, placeholder, real_budget=1)
-    todo = [(a, s) for a in arms for s in seeds]
-    _say(name, f"{len(arms)} arm(s) x {len(seeds)} seed(s) in {d}: {', '.join(arms)}; seeds {seeds}; "
+    todo = [(a, s) for a in arms for s in cfg.study.seeds_of(a)]
+    fewer = {a: n for a, n in cfg.study.arm_seeds.items() if a in arms and n < len(seeds)}
+    _say(name, f"{len(todo)} arm-seed(s) in {d}: {', '.join(arms)}; seeds {seeds}"
+               f"{' (fewer: ' + json.dumps(fewer) + ')' if fewer else ''}; "
                f"{cfg.train.iterations} iterations each; held-out {cfg.study.eval_episodes or cfg.train.eval.tasks} "
                f"episodes per point")
     offline = offline_data(cfg, d, name)
+    if "bc" in arms:
+        check_expert_data(cfg, offline)
     failed = 0
     t0 = time.perf_counter()
     for i, (arm, seed) in enumerate(todo, 1):

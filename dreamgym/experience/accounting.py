@@ -24,6 +24,21 @@ class InvalidAccounting:
     """Queries that were malformed at first and valid after a retry."""
     settled: int = 0
     """Inadmissible actions settled by the environment's admissible list (no model call)."""
+    unsettled: int = 0
+    """Inadmissible actions the admissible list *would* have settled, sent to the model because settling is off
+    (``experience_model.inadmissible: model``, the ``no-rules`` arm)."""
+    rule_unenforced: int = 0
+    """Replies accepted although they break the family's reward rule, because the check is off
+    (``experience_model.check_reward_rule: false``): what the rule would have refused."""
+    first_parsed: int = 0
+    """Queries whose first reply parsed (the model's own answer, before retries and the reward rule)."""
+    first_rule_ok: int = 0
+    """Of ``first_parsed``: first replies that keep the reward rule (their reward agrees with done/success)."""
+    first_final: int = 0
+    """Queries with a parsed first reply and a valid final prediction (the pairs of ``first_final_agree``)."""
+    first_final_agree: int = 0
+    """Of ``first_final``: the first reply's reward equals the reward of the step's final prediction (after
+    retries and rules). Below 1 means the rules changed the model's answer."""
     reasons: Counter[str] = field(default_factory=Counter)
     """Malformed-reply reasons over all attempts (``missing:<reward>``, ``reward:out-of-range``...)."""
     prompt_tokens: int = 0
@@ -32,6 +47,18 @@ class InvalidAccounting:
     @property
     def invalid_rate(self) -> float:
         return self.invalid / self.queries if self.queries else 0.0
+
+    def rule_shares(self) -> dict[str, float | None]:
+        """What the rules did and what the model did alone (``None`` with nothing to count): the share of steps
+        the admissible rule settled (or would have, when off), the share of first replies that keep the reward
+        rule, and the share whose reward the final outcome kept."""
+        def share(a: int, b: int) -> float | None:
+            return round(a / b, 4) if b else None
+
+        return {"settled_share": share(self.settled, self.queries),
+                "would_settle_share": share(self.settled + self.unsettled, self.queries),
+                "first_reply_rule_agreement": share(self.first_rule_ok, self.first_parsed),
+                "first_reply_final_agreement": share(self.first_final_agree, self.first_final)}
 
     def counts(self) -> dict[str, int]:
         """The counters by name (every field but ``reasons``), in declaration order."""
@@ -60,3 +87,24 @@ class InvalidAccounting:
 
 #: The integer counters of ``InvalidAccounting`` (all its fields but the ``reasons`` counter).
 COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(InvalidAccounting) if f.name != "reasons")
+
+
+def counts_from(stats: dict[str, Any], prefix: str = "em_") -> InvalidAccounting:
+    """The tally in a rollout-stats dict whose counters carry ``prefix`` (the rollout workers' ``em_<counter>``)."""
+    return InvalidAccounting(**{name: int(stats.get(prefix + name, 0)) for name in COUNTERS})
+
+
+def rule_figures(iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per synthetic iteration and over all of them, what the rules settled and how the model's first replies
+    fared (``InvalidAccounting.rule_shares``), from ``metrics.jsonl`` iteration records (``rollout`` holds the
+    ``em_*`` counters). For ``summary.json``."""
+    total = InvalidAccounting()
+    per = []
+    for r in iterations:
+        if r.get("phase") != "synthetic":
+            continue
+        c = counts_from(r.get("rollout") or {})
+        total += c
+        per.append({"iteration": r.get("iteration"), "queries": c.queries, **c.rule_shares()})
+    return {"queries": total.queries, "settled": total.settled, "unsettled": total.unsettled,
+            "rule_unenforced": total.rule_unenforced, **total.rule_shares(), "per_iteration": per}

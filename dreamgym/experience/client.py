@@ -18,12 +18,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 from dreamgym.experience.schema import Completion, CompletionRequest, Message, Sampling
 
 
 class ExperienceClient(ABC):
     """Generates replies for batches of chat requests."""
+
+    reads_query: ClassVar[bool] = False
+    """Whether the client answers from ``CompletionRequest.query`` (the structured query) rather than the text
+    of the messages: ``ExperienceModel`` attaches the query only then (the ``copy`` backend)."""
 
     @abstractmethod
     def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:

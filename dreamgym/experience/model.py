@@ -11,6 +11,11 @@ Inadmissible actions follow the paper: the next state is the family's failure st
 the episode goes on. When the environment's admissible list is known and excludes the action
 (``inadmissible='settle'``), this is decided here without a model call; otherwise the model decides
 (the system prompt states the rule).
+
+With a rule switched off (``inadmissible='model'``, ``check_reward_rule=False``: the study's ``no-rules`` arm) the
+rule still *counts* what it would have done (``InvalidAccounting.unsettled``, ``rule_unenforced``). Every query's
+first reply is scored against the reward rule and against the step's final outcome (``first_rule_ok``,
+``first_final_agree``): the model's own accuracy, which the rules' resampling would otherwise hide.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from dreamgym.envs.reward_rules import reward_rule
+from dreamgym.envs.reward_rules import EPS, reward_rule
 from dreamgym.experience.accounting import InvalidAccounting
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.parser import MalformedReply, parse_reply
@@ -54,11 +59,17 @@ class ExperienceModel:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def ruled_out(q: ExperienceQuery) -> bool:
+        """Whether the state's admissible list (or, for a state without one, the environment's action space)
+        rules the action out, whether or not settling is on."""
+        valid = q.valid_actions()
+        return valid is not None and q.action not in valid
+
     def settle(self, q: ExperienceQuery) -> Prediction | None:
         """The failure-state prediction when the state's admissible list (or, for a state without one, the
         environment's action space) rules the action out, else None."""
-        valid = q.valid_actions()
-        if self.inadmissible != "settle" or valid is None or q.action in valid:
+        if self.inadmissible != "settle" or not self.ruled_out(q):
             return None
         where = "in this state" if q.admissible_actions is not None else "of this environment"
         return Prediction(
@@ -84,14 +95,18 @@ class ExperienceModel:
                 out[i] = settled
                 st.settled += 1
             else:
+                st.unsettled += self.ruled_out(q)  # settling is off: the rule only counts
                 pending.append((i, build_messages(q, self.prompt), self.sampling))
         st.queries += len(queries)
         failed_once: set[int] = set()
+        first_reward: dict[int, float] = {}
         attempt = 0
+        with_query = self.client.reads_query
         try:
             while pending:
                 attempt += 1
-                replies = self.client.complete([CompletionRequest(m, s) for _, m, s in pending])
+                replies = self.client.complete([CompletionRequest(m, s, queries[i] if with_query else None)
+                                                for i, m, s in pending])
                 if len(replies) != len(pending):
                     raise RuntimeError(f"client returned {len(replies)} completions for {len(pending)} requests")
                 st.model_calls += len(pending)
@@ -101,11 +116,16 @@ class ExperienceModel:
                 for (i, messages, sampling), reply in zip(pending, replies, strict=True):
                     st.prompt_tokens += reply.prompt_tokens
                     st.completion_tokens += reply.completion_tokens
-                    pred = self._parse(reply, attempt, queries[i])
+                    pred, first = self._parse(reply, attempt, queries[i], st)
+                    if first is not None:
+                        first_reward[i] = first
                     if pred.valid:
                         out[i] = pred
                         st.valid += 1
                         st.recovered += i in failed_once
+                        if i in first_reward:
+                            st.first_final += 1
+                            st.first_final_agree += abs(first_reward[i] - pred.reward) <= EPS
                         continue
                     failed_once.add(i)
                     st.reasons[pred.invalid_reason] += 1
@@ -121,11 +141,15 @@ class ExperienceModel:
                 self.busy_s += time.perf_counter() - t0
         return [p for p in out if p is not None]
 
-    def _parse(self, reply: Completion, attempt: int, q: ExperienceQuery) -> Prediction:
+    def _parse(self, reply: Completion, attempt: int, q: ExperienceQuery,
+               st: InvalidAccounting) -> tuple[Prediction, float | None]:
+        """The prediction of one reply, and on the first attempt the reward of a reply that parsed (the model's
+        own answer, before retries and rules). The reward rule is always evaluated: it refuses the reply when
+        ``check_reward_rule`` is on, and is only counted (``rule_unenforced``) when it is off."""
         common = {"attempts": attempt, "raw": reply.text, "prompt_tokens": reply.prompt_tokens,
                   "completion_tokens": reply.completion_tokens}
         if reply.finish_reason.startswith("error"):
-            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reply.finish_reason, **common)
+            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reply.finish_reason, **common), None
         try:
             p = parse_reply(reply.text, reasoning=self.prompt.reasoning,
                             reward_range=(self.prompt.reward_min, self.prompt.reward_max))
@@ -133,9 +157,14 @@ class ExperienceModel:
             reason = e.reason
             if reply.finish_reason == "length" and reason.startswith(("missing", "unclosed")):
                 reason = "truncated"
-            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reason, **common)
-        broken = reward_rule(q.env).violation(p.reward, p.done, p.success, q.reward_so_far,
-                                              self.prompt.reward_max) if self.check_reward_rule else None
-        if broken is not None:
-            return Prediction("", 0.0, False, False, valid=False, invalid_reason=broken, **common)
-        return Prediction(p.next_state, p.reward, p.done, p.success, reasoning=p.reasoning, **common)
+            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reason, **common), None
+        broken = reward_rule(q.env).violation(p.reward, p.done, p.success, q.reward_so_far, self.prompt.reward_max)
+        first = None
+        if attempt == 1:
+            st.first_parsed += 1
+            st.first_rule_ok += broken is None
+            first = p.reward
+        if broken is not None and self.check_reward_rule:
+            return Prediction("", 0.0, False, False, valid=False, invalid_reason=broken, **common), first
+        st.rule_unenforced += broken is not None
+        return Prediction(p.next_state, p.reward, p.done, p.success, reasoning=p.reasoning, **common), first

@@ -79,6 +79,9 @@ class CompletionRequest:
 
     messages: list[Message]
     sampling: Sampling
+    query: ExperienceQuery | None = None
+    """The query the messages were built from, attached only for a client that reads it instead of the text
+    (``ExperienceClient.reads_query``: the ``copy`` backend); never sent over a wire."""
 
 
 @dataclass

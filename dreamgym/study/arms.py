@@ -13,7 +13,24 @@ evaluation seeds. What each arm changes (``ARM_SETTINGS``):
 - ``no-retrieval``: ``dreamgym`` with ``experience_model.top_k 0`` (no demonstrations, in serving and in SFT);
 - ``no-reasoning``: ``dreamgym`` with ``experience_model.reasoning false`` (no ``<think>`` block, in serving and
   in SFT; ``dreamgym/experience/prompts.py``);
-- ``no-task-generation``: ``dreamgym`` with ``curriculum.generate_every 0`` (seed tasks only).
+- ``no-task-generation``: ``dreamgym`` with ``curriculum.generate_every 0`` (seed tasks only);
+- ``no-rules``: ``dreamgym`` with the rules off (``experience_model.check_reward_rule false``: no resampling of a
+  reply whose reward breaks the family's rule; ``experience_model.inadmissible model``: every step goes to the
+  model, none is settled by the admissible list). The rules still *count* what they would have refused or
+  settled (``dreamgym.experience.accounting``): it controls for how much of DreamGym's result the rules make.
+
+Two controls for the experience model itself (what a synthetic environment gives without a model that reasons,
+and what the offline expert data gives without any RL):
+
+- ``copy-sim``: ``dreamgym``'s synthetic environment (offline first states, the replay buffer's retrieval, the
+  admissible and action-space checks, the reward rules) with ``experience_model.backend copy``: each step's next
+  state, reward and done are the top-1 retrieved transition's (``dreamgym.experience.copy_client``); no model,
+  no fine-tune, no LLM task variants. If DreamGym does no better, the model adds nothing over retrieval + rules;
+- ``bc``: behaviour cloning on the offline data's expert (gold) episodes (``train.warm_start`` ``sft``, the GRPO
+  learner's own code path: a supervised loss on the expert actions in the prompt form the policy sees) with as
+  many learner steps as the other arms' ``train.iterations`` and as many episodes per step as a GRPO step
+  (``curriculum.tasks_per_iteration`` x ``learner.group_size``), then no RL (``train.iterations 0``) and the same
+  held-out evaluation. It controls for the expert data every synthetic arm learns from.
 """
 
 from __future__ import annotations
@@ -34,9 +51,15 @@ ARM_SETTINGS: dict[str, dict[str, Any]] = {
     "real": {"train": {"mode": "real", "real_budget": None}},  # every iteration, however many transitions
     "dreamgym": {"train": {"mode": "synthetic"}},
     "dreamgym-s2r": {"train": {"mode": "s2r"}},  # synthetic_iterations and real_budget: ``arm_seed_config``
+    "copy-sim": {"train": {"mode": "synthetic", "experience_sft": False},
+                 "experience_model": {"backend": "copy"}, "curriculum": {"llm_variants": 0}},
+    "bc": {"train": {"mode": "real", "iterations": 0, "seed_replay": False, "real_budget": None,
+                     "eval": {"at_start": True}, "warm_start": {"method": "sft"}}},  # steps: ``arm_seed_config``
     "no-retrieval": {"train": {"mode": "synthetic"}, "experience_model": {"top_k": 0}},
     "no-reasoning": {"train": {"mode": "synthetic"}, "experience_model": {"reasoning": False}},
     "no-task-generation": {"train": {"mode": "synthetic"}, "curriculum": {"generate_every": 0}},
+    "no-rules": {"train": {"mode": "synthetic"},
+                 "experience_model": {"check_reward_rule": False, "inadmissible": "model"}},
 }
 assert tuple(ARM_SETTINGS) == STUDY_ARMS
 
@@ -46,9 +69,12 @@ ARM_LABELS: dict[str, str] = {
     "real": "GRPO in the real environment",
     "dreamgym": "DreamGym (synthetic only)",
     "dreamgym-s2r": "DreamGym-S2R (synthetic, then a small real budget)",
+    "copy-sim": "copy-top-1 simulator (same env, rules and retrieval; no model)",
+    "bc": "behaviour cloning on the offline expert episodes (no RL)",
     "no-retrieval": "DreamGym without retrieval (top_k 0)",
     "no-reasoning": "DreamGym without reasoning",
     "no-task-generation": "DreamGym without task generation",
+    "no-rules": "DreamGym without rules (no resampling, no settling)",
 }
 
 
@@ -130,6 +156,11 @@ def arm_seed_config(cfg: DreamGymConfig, arm: str, seed: int, offline: Path | No
                               "study.s2r_real_iterations")
         data = deep_merge(data, {"train": {"synthetic_iterations": cfg.train.iterations - k,
                                            "real_budget": real_budget or 1}})
+    if arm == "bc":  # the same learner budget as the trained arms (their warm start, if any, and their iterations)
+        ws = cfg.train.warm_start
+        data = deep_merge(data, {"train": {"warm_start": {
+            "steps": max(1, cfg.train.iterations + (ws.steps if ws.method == "sft" else 0)),
+            "batch_episodes": cfg.curriculum.tasks_per_iteration * cfg.learner.group_size}}})
     data = deep_merge(data, _expand_dotted(st.overrides.get(arm, {})))
     if experience_model is not None:
         data = deep_merge(data, {"experience_model": {"model": str(experience_model)},

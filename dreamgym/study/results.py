@@ -3,12 +3,20 @@
 
 An arm-seed has finished when its run directory holds ``summary.json`` (``dreamgym train`` writes it last).
 Its point is the final held-out real success (``success_final``: the last evaluation; for ``base`` the only
-one), beside the random-valid-action agent on the same held-out tasks (``baseline_success``), against the
-real transitions its training used (evaluation and the shared offline data are counted apart).
+one), beside the random-valid-action agent on the same held-out tasks (``baseline_success``). What each arm
+consumed is counted apart: offline real transitions it learned from (expert / other; ``offline_used``), online
+real transitions its training spent, evaluation transitions and synthetic transitions. The plot's x-axis is
+offline + online real transitions.
+
+Arms are compared *paired* on the final evaluation's episodes (``eval_episodes.jsonl``; ``dreamgym.study.paired``):
+for each pair the paper's pattern names (``PAIRS``) the mean paired difference, its 95% paired-bootstrap interval
+over tasks and training seeds, and McNemar's exact p; the pattern's claims are judged on those intervals, and a
+power calculation from the measured spread says how many seeds x episodes resolve a 10-point difference.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +25,10 @@ from typing import Any
 import yaml
 
 from dreamgym.config import STUDY_ARMS
+from dreamgym.eval_records import final_records
 from dreamgym.study.arms import ARM_LABELS
-from dreamgym.study.pattern import paper_pattern, pattern_lines, training_diagnostics
+from dreamgym.study.paired import compare, power_table
+from dreamgym.study.pattern import ABLATIONS, paper_pattern, pattern_lines, training_diagnostics
 from dreamgym.study.stats import Interval, mean_interval
 
 TABLE = "results.md"
@@ -55,17 +65,81 @@ class ArmSeed:
     def to_dict(self) -> dict[str, Any]:
         s = self.summary or {}
         t = self.config.get("train", {})
+        ws = t.get("warm_start") or {}
+        ws_steps = int(ws.get("steps", 0)) if ws.get("method") == "sft" else 0
+        warm = ws_steps if "warm_start" in (s.get("phase_seconds") or {}) else 0
         return {"arm": self.arm, "seed": self.seed, "run_dir": str(self.path), "finished": self.finished,
                 "success": s.get("success_final"), "random_valid_success": s.get("baseline_success"),
                 "success_start": s.get("success_start"), "real_transitions": s.get("real_transitions"),
                 "synthetic_transitions": s.get("synthetic_transitions"),
-                "invalid_transitions": s.get("invalid_transitions"), "learner_steps": s.get("learner_steps"),
-                "iterations": s.get("iterations"), "iterations_configured": t.get("iterations"),
+                "invalid_transitions": s.get("invalid_transitions"),
+                # learner steps: behaviour-cloning (warm-start) steps and GRPO steps alike, so ``bc`` (all of its
+                # steps cloning) and the RL arms share one budget
+                "learner_steps": None if s.get("learner_steps") is None else s["learner_steps"] + warm,
+                "iterations": s.get("iterations"), "iterations_configured": (t.get("iterations") or 0) + ws_steps,
                 "real_budget": t.get("real_budget") if t.get("mode") == "s2r" else None,
                 "offline_transitions": s.get("offline_transitions"), "wall_seconds": s.get("wall_seconds"),
+                **offline_used(self.config),
+                "online_real_transitions": (None if s.get("real_transitions") is None
+                                            else s["real_transitions"] + _gold_collected(self.path)),
+                "eval_transitions": s.get("eval_transitions"),
+                **{f"rules_{k}": (s.get("simulator_rules") or {}).get(k)
+                   for k in ("settled_share", "would_settle_share", "first_reply_rule_agreement",
+                             "first_reply_final_agreement")},
                 "eval": self.eval_set(), "status": self.record.get("status", "finished" if self.finished else "-"),
                 "error": self.record.get("error"), "experience_model_from": self.record.get("experience_model_from"),
                 **training_diagnostics(self.path)}
+
+
+#: The pairs the paper's pattern names, ``(a, b)``: the paired difference is ``a - b``.
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("dreamgym", "real"), ("dreamgym-s2r", "real"), ("dreamgym-s2r", "dreamgym"), ("dreamgym", "copy-sim"),
+    ("dreamgym", "bc"),
+    *((a, "base") for a in STUDY_ARMS if a != "base"),
+    *((a, "dreamgym") for a in ABLATIONS),
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _split(path: str, env: str | None, gold_limit: int | None, mtime: float) -> dict[str, int]:
+    from dreamgym.data.expert import offline_split
+
+    return offline_split(path, env, gold_limit)
+
+
+def offline_used(config: dict[str, Any]) -> dict[str, int]:
+    """Offline real transitions an arm-seed learned from, from its config: all of the offline file (expert and
+    other) when it trains in synthesis (the SFT data, the retrieval store, the first states, the curriculum's tasks
+    and the admissible lists come from it); the expert episodes it cloned when it warm-starts by behaviour cloning
+    (``bc``); none otherwise (``base``, ``real``: they read none of it)."""
+    t = config.get("train", {})
+    path = t.get("offline_data")
+    zero = {"offline_real_transitions": 0, "offline_expert_transitions": 0, "offline_other_transitions": 0}
+    if not path or not Path(path).is_file():
+        return zero
+    env = config.get("env", {}).get("name")
+    mode = t.get("mode")
+    synthetic = mode == "synthetic" or (mode == "s2r" and (t.get("synthetic_iterations") or 0) > 0)
+    ws = t.get("warm_start") or {}
+    mtime = Path(path).stat().st_mtime
+    if synthetic:
+        sp = _split(str(path), env, None, mtime)
+        return {"offline_real_transitions": sp["total"], "offline_expert_transitions": sp["expert"],
+                "offline_other_transitions": sp["other"]}
+    if ws.get("method") == "sft":
+        sp = _split(str(path), env, ws.get("episodes"), mtime)
+        return {**zero, "offline_real_transitions": sp["expert"], "offline_expert_transitions": sp["expert"]}
+    return zero
+
+
+def _gold_collected(run_dir: Path) -> int:
+    """Real transitions a warm start collected itself (``<run>/gold.parquet``: the offline data had no gold)."""
+    gold = run_dir / "gold.parquet"
+    if not gold.is_file():
+        return 0
+    from dreamgym.data.transitions import open_transitions
+
+    return int(open_transitions(gold).metadata.num_rows)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -100,6 +174,64 @@ def _mean(values: list[Any]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+#: Per-arm figures averaged over its finished seeds.
+MEANS = ("real_transitions", "synthetic_transitions", "invalid_transitions", "learner_steps", "wall_seconds",
+         "offline_transitions", "mixed_group_share", "synthetic_success", "reward_success_agreement",
+         "offline_real_transitions", "offline_expert_transitions", "offline_other_transitions",
+         "online_real_transitions", "eval_transitions", "rules_settled_share", "rules_would_settle_share",
+         "rules_first_reply_rule_agreement", "rules_first_reply_final_agreement")
+
+
+def outcomes(runs: list[ArmSeed]) -> dict[str, dict[tuple[int, str, int], float]]:
+    """Per arm, the final evaluation's episodes of its finished seeds: ``(seed, task_id, episode) -> success``."""
+    out: dict[str, dict[tuple[int, str, int], float]] = {}
+    for r in runs:
+        if not r.finished:
+            continue
+        mine = out.setdefault(r.arm, {})
+        for e in final_records(r.path):
+            mine[(r.seed, e["task_id"], int(e["episode"]))] = float(bool(e["success"]))
+    return {a: o for a, o in out.items() if o}
+
+
+def paired_results(runs: list[ArmSeed], resamples: int = 2000) -> list[dict[str, Any]]:
+    """``PAIRS`` whose two arms both have final episodes: ``{a, b, diff, ci95, p_mcnemar, n, ...}``
+    (``dreamgym.study.paired.compare``), plus ``dreamgym`` against 0.95 x ``real`` for the paper's share claim."""
+    got = outcomes(runs)
+    out = []
+    for a, b in PAIRS:
+        if a in got and b in got:
+            out.append({"a": a, "b": b, **compare(got[a], got[b], resamples=resamples)})
+    if "dreamgym" in got and "real" in got:
+        from dreamgym.study.pattern import DREAMGYM_SHARE
+
+        out.append({"a": "dreamgym", "b": "real", **compare(got["dreamgym"], got["real"], scale=DREAMGYM_SHARE,
+                                                              resamples=resamples)})
+    return out
+
+
+def power(paired: list[dict[str, Any]], delta: float = 0.10) -> dict[str, Any]:
+    """The power calculation from the measured spread of one pair: ``dreamgym`` vs ``real`` when measured, else the
+    pair with the largest per-episode spread, the most demanding one (``dreamgym.study.paired.power_table``)."""
+    measured = [p for p in paired if p.get("spread") and p["scale"] == 1.0]
+    if not measured:
+        return {"delta": delta, "rows": [], "note": "no paired episodes measured"}
+    pick = next((p for p in measured if (p["a"], p["b"]) == ("dreamgym", "real")),
+                max(measured, key=lambda p: p["spread"]["sigma_episode2"] or 0.0))
+    return {"pair": [pick["a"], pick["b"]], **power_table(pick["spread"], delta)}
+
+
+def setting(runs: list[ArmSeed], arms: dict[str, Any], random_valid: dict[str, Any]) -> dict[str, Any]:
+    """The study's setting: environment, its parameters, base and random-valid success, the iteration budget."""
+    cfg = next((r.config for r in runs if r.config), {})
+    env = cfg.get("env", {})
+    iterations = [int(r.config.get("train", {}).get("iterations", 0)) for r in runs if r.config]
+    return {"env": env.get("name"), "params": env.get("params"),
+            "base_success": arms.get("base", {}).get("success", {}).get("mean"),
+            "random_valid_success": random_valid.get("mean"),
+            "iterations": max(iterations, default=None)}  # the trained arms' (``base`` and ``bc`` run none)
+
+
 def aggregate(runs: list[ArmSeed]) -> dict[str, Any]:
     """Per arm: the mean and 95% t-interval of held-out success over finished seeds, and the means of the
     other figures; plus the checks that make the arms comparable (same learner steps, same held-out set)."""
@@ -116,10 +248,7 @@ def aggregate(runs: list[ArmSeed]) -> dict[str, Any]:
             "success": mean_interval([d["success"] for d in done if d["success"] is not None]).clipped().to_dict(),
             "random_valid_success": mean_interval([d["random_valid_success"] for d in done
                                                    if d["random_valid_success"] is not None]).clipped().to_dict(),
-            **{k: _mean([d[k] for d in done]) for k in ("real_transitions", "synthetic_transitions",
-                                                          "invalid_transitions", "learner_steps", "wall_seconds",
-                                                          "offline_transitions", "mixed_group_share",
-                                                          "synthetic_success", "reward_success_agreement")},
+            **{k: _mean([d[k] for d in done]) for k in MEANS},
             "iterations_configured": sorted({d["iterations_configured"] for d in done
                                              if d["iterations_configured"] is not None}),
             "real_budget": sorted({d["real_budget"] for d in done if d["real_budget"] is not None}),
@@ -139,10 +268,12 @@ def aggregate(runs: list[ArmSeed]) -> dict[str, Any]:
     s2r = arms.get("dreamgym-s2r", {}).get("real_transitions")
     if real and s2r is not None:
         checks["s2r_real_share"] = s2r / real
-    return {"arms": arms, "runs": everything, "checks": checks, "pattern": paper_pattern(arms),
-            "random_valid_success": mean_interval([r.summary["baseline_success"] for r in finished
-                                                   if r.summary and r.summary.get("baseline_success") is not None
-                                                   ]).clipped().to_dict()}
+    paired = paired_results(runs)
+    random_valid = mean_interval([r.summary["baseline_success"] for r in finished
+                                  if r.summary and r.summary.get("baseline_success") is not None]).clipped().to_dict()
+    return {"arms": arms, "runs": everything, "checks": checks, "pattern": paper_pattern(arms, paired),
+            "paired": paired, "power": power(paired), "setting": setting(runs, arms, random_valid),
+            "random_valid_success": random_valid}
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:
@@ -163,20 +294,28 @@ def table(result: dict[str, Any], name: str) -> str:
     """The Markdown table: one row per arm, success as mean [95% t-interval] over its finished seeds."""
     lines = [f"# Study {name}", "",
              "Held-out real success rate: mean over training seeds [95% t-interval, Student's t with n-1 degrees "
-             "of freedom, cut to 0-100%]; n/a with a single seed. Real transitions are those training used (the "
-             "offline data shared by every arm and the evaluation episodes are not counted).", "",
-             "| arm | seeds | held-out success | random-valid success | real transitions | synthetic transitions "
-             "| invalid synthetic | learner steps (configured) | groups with reward variance "
+             "of freedom, cut to 0-100%]; n/a with a single seed. Real transitions are counted by where they "
+             "came from: offline (the data the arm learned from: expert / other episodes), online (spent by "
+             "training) and evaluation (held-out episodes, policy and random baseline).", "",
+             "| arm | seeds | held-out success | random-valid success | offline real (expert / other) "
+             "| online real | eval | synthetic transitions | invalid synthetic | settled by rules (would) "
+             "| first-reply rule / final agreement | learner steps (configured) | groups with reward variance "
              "| synthetic success (reward/success agreement) | minutes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, a in result["arms"].items():
         seeds = f"{len(a['seeds_finished'])}" + (f" (+{len(a['seeds_unfinished'])} unfinished)"
                                                   if a["seeds_unfinished"] else "")
         conf = "/".join(str(x) for x in a["iterations_configured"]) or "-"
         wall = a["wall_seconds"] / 60 if a["wall_seconds"] is not None else None
+        offline = (f"{_fmt(a.get('offline_real_transitions'))} ({_fmt(a.get('offline_expert_transitions'))} / "
+                   f"{_fmt(a.get('offline_other_transitions'))})")
+        rules = f"{_share(a.get('rules_settled_share'))} ({_share(a.get('rules_would_settle_share'))})"
+        first = (f"{_share(a.get('rules_first_reply_rule_agreement'))} / "
+                 f"{_share(a.get('rules_first_reply_final_agreement'))}")
         lines.append(f"| {arm}: {a['label']} | {seeds} | {Interval(**a['success']).format()} | "
-                     f"{Interval(**a['random_valid_success']).format()} | {_fmt(a['real_transitions'])} | "
-                     f"{_fmt(a['synthetic_transitions'])} | {_fmt(a['invalid_transitions'])} | "
+                     f"{Interval(**a['random_valid_success']).format()} | {offline} | "
+                     f"{_fmt(a.get('online_real_transitions'))} | {_fmt(a.get('eval_transitions'))} | "
+                     f"{_fmt(a['synthetic_transitions'])} | {_fmt(a['invalid_transitions'])} | {rules} | {first} | "
                      f"{_fmt(a['learner_steps'], 1)} ({conf}) | {_share(a.get('mixed_group_share'))} | "
                      f"{_synthetic(a)} | {_fmt(wall, 1)} |")
     c = result["checks"]
@@ -192,6 +331,7 @@ def table(result: dict[str, Any], name: str) -> str:
     off = _mean([a["offline_transitions"] for a in result["arms"].values()])
     if off is not None:
         lines.append(f"- offline real transitions shared by every arm: {off:.0f}")
+    lines += paired_lines(result.get("paired", []), result.get("power", {}))
     lines += pattern_lines(result["pattern"])
     failed = [r for r in result["runs"] if not r["finished"]]
     if failed:
@@ -199,6 +339,47 @@ def table(result: dict[str, Any], name: str) -> str:
         lines += [f"- {r['arm']} seed {r['seed']}: {r['status']}" + (f": {r['error']}" if r["error"] else "")
                   + f" ({r['run_dir']})" for r in failed]
     return "\n".join(lines) + "\n"
+
+
+def paired_lines(paired: list[dict[str, Any]], pw: dict[str, Any]) -> list[str]:
+    """The Markdown sections of the paired differences and the power calculation."""
+    lines = ["", "Paired differences of final held-out success (a - b, percentage points; pairs share the training "
+                 "seed, the held-out task and its episode index; 95% interval: two-way paired bootstrap over tasks "
+                 "and training seeds, 2000 resamples; McNemar: exact, two-sided):", "",
+             "| a | b | diff | 95% interval | McNemar p | pairs (a won / b won) | seeds | tasks |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in paired:
+        b = p["b"] if p["scale"] == 1.0 else f"{p['scale']:g} x {p['b']}"
+        if p["diff"] is None:
+            lines.append(f"| {p['a']} | {b} | - | - | - | 0 | - | - |")
+            continue
+        lo, hi = p["ci95"]
+        lines.append(f"| {p['a']} | {b} | {100 * p['diff']:+.1f} | [{100 * lo:+.1f}, {100 * hi:+.1f}] | "
+                     f"{p['p_mcnemar']:.3g} | {p['n']} ({p['n10']} / {p['n01']}) | {len(p['seeds'])} | {p['tasks']} |")
+    if not paired:
+        lines.append("| - | - | - | - | - | no arm pair with per-episode records | - | - |")
+    if pw.get("rows"):
+        sd = pw["sigma_seed2"]
+        lines += ["", f"Power ({pw['pair'][0]} - {pw['pair'][1]}; two-sided 0.05, power 0.8): per-episode variance "
+                      f"{pw['sigma_episode2']:.3f}, between-seed variance "
+                      f"{'-' if sd is None else f'{sd:.4f}'} ({pw['note']}). The measured design "
+                      f"({pw['measured_seeds']} seed(s) x {pw['measured_episodes_per_seed']} episodes) resolves a "
+                      f"paired difference of {100 * pw['resolvable_now']:.1f} points; a "
+                      f"{100 * pw['delta']:.0f}-point difference needs:"]
+        lines += [f"- {r['episodes_per_seed']} episodes per seed: {r['seeds_needed']} seed(s)" for r in pw["rows"]]
+    elif pw:
+        lines += ["", f"Power: {pw.get('note', 'not computed')}."]
+    return lines
+
+
+def json_view(result: dict[str, Any]) -> dict[str, Any]:
+    """``results.json``: the aggregate with ``arms`` as a list, each with ``arm``, ``success`` (mean, 0-1),
+    ``success_interval`` (the t-interval over seeds), ``seeds`` and what it consumed."""
+    arms = []
+    for name, a in result["arms"].items():
+        arms.append({"arm": name, **a, "success": a["success"]["mean"], "success_interval": a["success"],
+                     "seeds": a["seeds_finished"]})
+    return {**result, "arms": arms}
 
 
 def _dodge(xs: list[float], width: float) -> list[float]:
@@ -214,9 +395,9 @@ def _dodge(xs: list[float], width: float) -> list[float]:
 
 
 def plot(result: dict[str, Any], out: Path, name: str) -> Path:
-    """Left: held-out real success against real transitions used in training, one point per arm (mean, 95%
-    interval as error bar) with its seeds faint behind it; arms at the same x are set side by side. Right: the same
-    success per arm as bars. The random-valid agent is the dashed line in both."""
+    """Left: held-out real success against real transitions learned from (offline + online), one point per arm
+    (mean, 95% interval as error bar) with its seeds faint behind it; arms at the same x are set side by side. Right:
+    the same success per arm as bars. The random-valid agent is the dashed line in both."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,8 +406,9 @@ def plot(result: dict[str, Any], out: Path, name: str) -> Path:
     arms = [(arm, a) for arm, a in result["arms"].items() if a["success"]["mean"] is not None]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.0, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     colours = plt.get_cmap("tab10")
-    span = max([a["real_transitions"] or 0.0 for _, a in arms] + [1.0])
-    xs = _dodge([a["real_transitions"] or 0.0 for _, a in arms], 0.02 * span)
+    real = [(a.get("offline_real_transitions") or 0.0) + (a.get("online_real_transitions") or 0.0) for _, a in arms]
+    span = max([*real, 1.0])
+    xs = _dodge(real, 0.02 * span)
     for i, ((arm, a), x) in enumerate(zip(arms, xs, strict=True)):
         c, s = colours(i % 10), a["success"]
         seeds = [r["success"] for r in result["runs"] if r["arm"] == arm and r["finished"] and r["success"] is not None]
@@ -241,7 +423,7 @@ def plot(result: dict[str, Any], out: Path, name: str) -> Path:
         axis.set_ylim(-0.05, 1.05)
         axis.grid(alpha=0.3)
     ax.set_xlim(-0.08 * span, 1.08 * span)
-    ax.set_xlabel("real transitions used in training")
+    ax.set_xlabel("real transitions learned from (offline + online)")
     ax.set_ylabel("held-out real success rate")
     ax.legend(fontsize=7, loc="best")
     bx.set_xticks(range(len(arms)), [arm for arm, _ in arms], rotation=30, ha="right", fontsize=8)
@@ -261,7 +443,7 @@ def write_results(study_dir: Path, name: str, extra: dict[str, Any] | None = Non
     paths = {"table": study_dir / TABLE, "json": study_dir / JSON, "plot": study_dir / PLOT}
     paths["table"].write_text(table(result, name))
     tmp = paths["json"].with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.write_text(json.dumps(json_view(result), indent=1, default=str))
     tmp.replace(paths["json"])
     plot(result, paths["plot"], name)
     return paths
