@@ -61,6 +61,7 @@ from dreamgym.train_state import (
     write_json_atomic,
 )
 from dreamgym.types import Group, Task, Trajectory
+from dreamgym.verdict import episode_outcomes
 
 
 @dataclass
@@ -299,8 +300,9 @@ class Run:
                                 "random").stats
             self.state.baseline = {k: base[k] for k in ("success_rate", "mean_reward", "episodes", "steps")}
             self.state.eval_transitions += int(base["steps"])
-        s = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
-                         self.state.iteration, "eval").stats
+        done = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
+                            self.state.iteration, "eval")
+        s = done.stats
         self.state.eval_transitions += int(s["steps"])
         seconds = time.perf_counter() - t0
         self.state.add_phase("eval", seconds, int(s["episodes"]), int(s["steps"]))
@@ -309,7 +311,7 @@ class Run:
                "success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "episodes": s["episodes"],
                "unparsable_rate": s["unparsable_rate"], "invalid_action_rate": s["invalid_action_rate"],
                "baseline_success_rate": b["success_rate"], "baseline_mean_reward": b["mean_reward"],
-               "seconds": seconds}
+               "seconds": seconds, "outcomes": episode_outcomes(done.trajectories)}
         self.state.evals.append(rec)
         self.record("eval", self.state.iteration, **rec)
         self.progress.line(self.state.iteration, "eval",

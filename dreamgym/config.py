@@ -633,8 +633,8 @@ class ExperienceTrainConfig(Section):
     cite_demonstrations: bool = True
     """Template rationales open by citing the prompt's first demonstration with the same action and what it paid
     (``dreamgym.experience.annotate.demonstration_evidence``), so the model learns to read the evidence retrieval
-    gives it (README: reward accuracy on unseen coin maps 0.79-0.85 -> 1.00); a teacher's reasoning is kept as
-    written. ``false``: rationales from the transition alone."""
+    gives it (docs/results/fidelity.md: reward accuracy on unseen coin maps 0.79-0.85 -> 1.00); a teacher's
+    reasoning is kept as written. ``false``: rationales from the transition alone."""
     dedupe: bool = True
     """Drop examples whose prompt and target are identical to an earlier one."""
     step_budget: int | None = Field(default=20, ge=1)
