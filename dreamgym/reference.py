@@ -78,21 +78,30 @@ def constraints(f: FieldInfo) -> str:
     return ", ".join(out)
 
 
-def default_text(f: FieldInfo) -> str:
-    """The default as YAML writes it (``null``, ``true``, ``"twx:coin"``, ``[0, 1]``)."""
-    value = f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
+def _default(f: FieldInfo) -> Any:
+    return f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
+
+
+def default_text(value: Any) -> str:
+    """A default as YAML writes it (``null``, ``true``, ``"twx:coin"``, ``[0, 1]``)."""
     if isinstance(value, BaseModel):
         return "(section)"
     return json.dumps(value, default=str)
 
 
-def walk(model: type[BaseModel] = DreamGymConfig, prefix: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
-    """Every section of the tree, depth first, as ``(dotted path, model)``; the root is ``("", DreamGymConfig)``.
-    A model reached only through a union (``train.eval.env: EnvConfig | None``) is documented at its own section."""
-    yield prefix.rstrip("."), model
+def walk(model: type[BaseModel] = DreamGymConfig, prefix: str = "",
+         instance: BaseModel | None = None) -> Iterator[tuple[str, type[BaseModel], BaseModel | None]]:
+    """Every section of the tree, depth first, as ``(dotted path, model, its default instance)``; the root is
+    ``("", DreamGymConfig, DreamGymConfig())``. The instance carries a section's role defaults (``policy.engine``
+    and ``experience_model.engine`` are one ``EngineConfig`` with other defaults each). A model reached only
+    through a union (``train.eval.env: EnvConfig | None``) is documented at its own section."""
+    if instance is None and not prefix:
+        instance = model()
+    yield prefix.rstrip("."), model, instance
     for name, f in model.model_fields.items():
         if _is_model(f.annotation):
-            yield from walk(f.annotation, f"{prefix}{name}.")
+            sub = getattr(instance, name) if instance is not None else _default(f)
+            yield from walk(f.annotation, f"{prefix}{name}.", sub if isinstance(sub, BaseModel) else None)
 
 
 def _models_in(tp: Any) -> Iterator[type[BaseModel]]:
@@ -148,8 +157,8 @@ def config_reference() -> str:
              "(`--section.field VALUE`); `dreamgym config [CONFIG] --explain` prints the same list in a terminal. "
              "Keys of earlier versions still load at their new place (`MOVED_KEYS` in `dreamgym/config.py`).", ""]
     sections = list(walk())
-    lines += ["Sections: " + ", ".join(f"[`{p}`](#{_anchor(p)})" for p, _ in sections if p), ""]
-    for path, model in sections:
+    lines += ["Sections: " + ", ".join(f"[`{p}`](#{_anchor(p)})" for p, _, _ in sections if p), ""]
+    for path, model, instance in sections:
         leaves = [(n, f) for n, f in model.model_fields.items() if not _is_model(f.annotation)]
         subs = [(n, f) for n, f in model.model_fields.items() if _is_model(f.annotation)]
         title = f"`{path}`" if path else "The whole tree"
@@ -166,7 +175,8 @@ def config_reference() -> str:
             for n, f in leaves:
                 bounds = constraints(f)
                 tp = _cell(f"`{type_name(f.annotation)}`") + (f" ({_cell(bounds)})" if bounds else "")
-                lines.append(f"| `{path + '.' if path else ''}{n}` | {tp} | `{default_text(f)}` | "
+                value = getattr(instance, n) if instance is not None else _default(f)
+                lines.append(f"| `{path + '.' if path else ''}{n}` | {tp} | `{default_text(value)}` | "
                              f"{_cell(f.description or '')} |")
             lines.append("")
     return "\n".join(lines)

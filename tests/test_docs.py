@@ -42,6 +42,9 @@ def test_the_config_reference_lists_every_field_with_its_type_and_default() -> N
     assert rows["train.mode"].startswith('| `train.mode` | `"synthetic" | "real" | "s2r"` | `"s2r"` |')
     assert "(&gt;= 1)" in rows["collect.workers"] and "`null`" in rows["collect.workers"]
     assert type_name(list[int]) == "list[int]"
+    # one EngineConfig, each role's own defaults (the policy engine and the experience-model replica)
+    assert '| `"float32"` |' in rows["policy.engine.dtype"]
+    assert '| `"bfloat16"` |' in rows["experience_model.engine.dtype"]
 
 
 def test_the_cli_reference_lists_every_command_and_its_options() -> None:
