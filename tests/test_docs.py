@@ -55,8 +55,8 @@ def test_the_cli_reference_lists_every_command_and_its_options() -> None:
     assert "`--dry-run`" in train and "`--resume`" in train and "usage: " not in train
 
 
-def test_no_file_of_the_project_points_to_the_shared_folder_beside_it() -> None:
-    """The project is cloned alone: a path into the sessions' shared folder is a broken reference elsewhere."""
+def test_no_file_points_into_a_folder_beside_the_repository() -> None:
+    """A path into a folder beside the repository is a broken reference in any other clone of it."""
     needle = ".." + "/shared"
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     hits = []
