@@ -1310,15 +1310,17 @@ def save_config(cfg: BaseModel, path: str | Path) -> Path:
     return p
 
 
-def explain(model: type[BaseModel] = DreamGymConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """Every leaf field as ``(dotted path, default, description)``."""
+def explain(model: type[BaseModel] = DreamGymConfig, prefix: str = "",
+            defaults: BaseModel | None = None) -> list[tuple[str, str, str]]:
+    """Every leaf field as ``(dotted path, default, description)``. Defaults are read from the default instance of
+    each section, so ``policy.engine`` and ``experience_model.engine`` show their own role defaults."""
+    defaults = defaults if defaults is not None else model()
     rows: list[tuple[str, str, str]] = []
     for name, f in model.model_fields.items():
         ann = f.annotation
         dotted = f"{prefix}{name}"
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.extend(explain(ann, dotted + "."))
+            rows.extend(explain(ann, dotted + ".", getattr(defaults, name)))
         else:
-            default = f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
-            rows.append((dotted, repr(default), (f.description or "").replace("\n", " ")))
+            rows.append((dotted, repr(getattr(defaults, name)), (f.description or "").replace("\n", " ")))
     return rows

@@ -45,6 +45,8 @@ def test_the_config_reference_lists_every_field_with_its_type_and_default() -> N
     # one EngineConfig, each role's own defaults (the policy engine and the experience-model replica)
     assert '| `"float32"` |' in rows["policy.engine.dtype"]
     assert '| `"bfloat16"` |' in rows["experience_model.engine.dtype"]
+    explained = {dotted: default for dotted, default, _ in explain()}  # `dreamgym config --explain` likewise
+    assert (explained["policy.engine.dtype"], explained["experience_model.engine.dtype"]) == ("'float32'", "'bfloat16'")
 
 
 def test_the_cli_reference_lists_every_command_and_its_options() -> None:
