@@ -63,6 +63,7 @@ from dreamgym.train_state import (
     write_json_atomic,
 )
 from dreamgym.types import Group, Task, Trajectory
+from dreamgym.verdict import episode_outcomes
 
 
 @dataclass
@@ -317,7 +318,7 @@ class Run:
                "success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "episodes": s["episodes"],
                "unparsable_rate": s["unparsable_rate"], "invalid_action_rate": s["invalid_action_rate"],
                "baseline_success_rate": b["success_rate"], "baseline_mean_reward": b["mean_reward"],
-               "seconds": seconds}
+               "seconds": seconds, "outcomes": episode_outcomes(got.trajectories)}
         self.state.evals.append(rec)
         self.record("eval", self.state.iteration, **rec)
         self.progress.line(self.state.iteration, "eval",

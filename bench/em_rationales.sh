@@ -2,8 +2,7 @@
 # The experience-model fine-tune with and without rationales that cite the prompt's demonstrations
 # (experience_model.train.cite_demonstrations), on the same offline data and the same 20 steps
 # (configs/study-cpu.yaml), scored on unseen 3- and 5-room coin maps (test seeds) beside copy-top-1.
-# About 45 min on a 2-core AVX2 CPU. Results: $D/eval-{natural,cite}-{3,5}rooms.json (README, "The experience
-# model"). Reruns skip what is already there.
+# About 45 min on a 2-core AVX2 CPU. Results: $D/eval-{natural,cite}-{3,5}rooms.json (docs/results/fidelity.md). Reruns skip what is already there.
 set -euo pipefail
 D=${1:-runs/em-rationales}
 DG=${DG:-.venv/bin/dreamgym}

@@ -633,8 +633,8 @@ class ExperienceTrainConfig(Section):
     cite_demonstrations: bool = True
     """Template rationales open by citing the prompt's first demonstration with the same action and what it paid
     (``dreamgym.experience.annotate.demonstration_evidence``), so the model learns to read the evidence retrieval
-    gives it (README: reward accuracy on unseen coin maps 0.79-0.85 -> 1.00); a teacher's reasoning is kept as
-    written. ``false``: rationales from the transition alone."""
+    gives it (docs/results/fidelity.md: reward accuracy on unseen coin maps 0.79-0.85 -> 1.00); a teacher's
+    reasoning is kept as written. ``false``: rationales from the transition alone."""
     dedupe: bool = True
     """Drop examples whose prompt and target are identical to an earlier one."""
     step_budget: int | None = Field(default=20, ge=1)
@@ -1343,15 +1343,17 @@ def save_config(cfg: BaseModel, path: str | Path) -> Path:
     return p
 
 
-def explain(model: type[BaseModel] = DreamGymConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """Every leaf field as ``(dotted path, default, description)``."""
+def explain(model: type[BaseModel] = DreamGymConfig, prefix: str = "",
+            defaults: BaseModel | None = None) -> list[tuple[str, str, str]]:
+    """Every leaf field as ``(dotted path, default, description)``. Defaults are read from the default instance of
+    each section, so ``policy.engine`` and ``experience_model.engine`` show their own role defaults."""
+    defaults = defaults if defaults is not None else model()
     rows: list[tuple[str, str, str]] = []
     for name, f in model.model_fields.items():
         ann = f.annotation
         dotted = f"{prefix}{name}"
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.extend(explain(ann, dotted + "."))
+            rows.extend(explain(ann, dotted + ".", getattr(defaults, name)))
         else:
-            default = f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
-            rows.append((dotted, repr(default), (f.description or "").replace("\n", " ")))
+            rows.append((dotted, repr(getattr(defaults, name)), (f.description or "").replace("\n", " ")))
     return rows

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamgym.runs import MetricsLog
+from dreamgym.verdict import learning_verdict
 
 PHASE_COLOURS = {"synthetic": "tab:purple", "real": "tab:green", "eval": "tab:blue"}
 
@@ -176,7 +177,10 @@ def write_report(run_dir: str | Path) -> Path:
         made.append("eval_success")
     lines = [f"# DreamGym run report: `{run_dir.name}`", ""]
     if summary:
+        lines += learning_verdict(summary).markdown()
         lines += [
+            "## The run",
+            "",
             f"- mode **{summary.get('mode')}**, {summary.get('iterations')} iterations "
             f"({summary.get('learner_steps')} learner steps), wall time {summary.get('wall_seconds', 0) / 60:.1f} min",
             f"- real transitions: {summary.get('real_transitions')} for training, {summary.get('eval_transitions')} "

@@ -63,8 +63,10 @@ def _check_run_dir(run_dir: Path, iterations: int) -> list[dict[str, Any]]:
     assert [r["iteration"] for r in iters] == list(range(1, iterations + 1))
     evals = [r for r in records if r["event"] == "eval"]
     assert evals and all(0 <= e["baseline_success_rate"] <= 1 for e in evals)  # always beside the baseline
+    assert all(len(e["outcomes"]) == e["episodes"] for e in evals)  # per-episode outcomes: the paired verdict
     assert (run_dir / "config.yaml").is_file() and list((run_dir / "tensorboard").iterdir())
     report = (run_dir / "report.md").read_text()
+    assert report.splitlines()[2] == "## Did it learn?"  # the verdict first (dreamgym.verdict)
     assert "random-valid success" in report and (run_dir / "plots" / "eval_success.png").is_file()
     assert any((run_dir / "checkpoints").glob("step-*/driver.json"))
     return records

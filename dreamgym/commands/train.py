@@ -37,13 +37,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
             raise
         raise cause from None
 
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x:.0%}"
+    from dreamgym.verdict import verdict_line
 
-    print(f"trained {s['iterations']} iterations ({s['mode']}) in {s['wall_seconds'] / 60:.1f} min: held-out real "
-          f"success {pct(s['success_start'])} -> {pct(s['success_final'])} (random valid action "
-          f"{pct(s['baseline_success'])}); real transitions {s['real_transitions']} for training, "
-          f"{s['synthetic_transitions']} synthetic; report {s.get('report', '-')}; run directory {s['run_dir']}")
+    baseline = "-" if s.get("baseline_success") is None else f"{s['baseline_success']:.0%}"
+    print(f"trained {s['iterations']} iterations ({s['mode']}): {verdict_line(s)}; random valid action {baseline}; "
+          f"report {s.get('report', '-')}; run directory {s['run_dir']}")
     return 0
 
 
