@@ -180,7 +180,7 @@ class Run:
         w = self.a.workers
         chunks = [list(tasks[i::len(w)]) for i in range(len(w))]
         return [RolloutCall(i, c, phase, temperature, seed,
-                            w[i].run.remote(c, phase, temperature, seed, offline_data=self.a.offline))
+                            w[i].run.remote(c, phase, temperature, seed, self.a.worker_parts()))
                 for i, c in enumerate(chunks) if c]
 
     def _live_progress(self, phase: str) -> dict[int, dict[str, Any]]:
@@ -342,7 +342,7 @@ class Run:
         if not again:
             return None
         w = self.a.workers[call.worker]
-        ref = w.run.remote(call.tasks, call.phase, call.temperature, call.seed, offline_data=self.a.offline)
+        ref = w.run.remote(call.tasks, call.phase, call.temperature, call.seed, self.a.worker_parts())
         return RolloutCall(call.worker, call.tasks, call.phase, call.temperature, call.seed, ref, call.attempts + 1)
 
     # -- evaluation ------------------------------------------------------------------------------------

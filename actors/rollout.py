@@ -9,9 +9,8 @@ in the environment of the phase's ``dreamgym.schedule.rollout_plan``; the policy
 
 A ``SyntheticEnv`` needs each task's initial state ``s_0`` and the valid actions of the states it reaches:
 both come from the real data (``OfflineTaskFacts`` over the offline file, which reaches the worker through
-the object store as an ``actors.files.ShippedFile`` passed with each ``run`` call, not to the constructor: Ray
-logs an error for a restartable actor whose constructor arguments hold object-store references, and a
-restarted worker gets the file again with its next call; nothing is read from the driver's node). Only when
+the object store as an ``actors.files.ShippedFile`` in the ``WorkerParts`` of each ``run`` call; nothing is
+read from the driver's node). Only when
 training also uses the real environment (``real``, ``s2r``) does a task unknown to the data get its ``s_0``
 from a *reset* of the real environment (no action is taken, so no real transition is spent); a ``synthetic``
 run never opens one.
@@ -28,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -82,24 +82,30 @@ def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None
     return act
 
 
-class RolloutWorker:
-    """The actor class (``create_rollout_workers`` applies ``ray.remote``)."""
+@dataclass
+class WorkerParts:
+    """What a rollout worker calls and reads: the policy engines, the experience-model replicas, the replay
+    buffer (its shards' handles) and the offline data. Sent with every ``run`` call, not to the constructor:
+    Ray logs an error for a restartable actor whose constructor arguments hold object-store references, and
+    actor handles count as such; a worker that Ray restarted gets them again with its next call."""
 
-    def __init__(
-        self,
-        cfg: dict[str, Any],
-        engines: list[ActorHandle],
-        index: int = 0,
-        replicas: list[ActorHandle] | None = None,
-        replay: Any = None,
-    ) -> None:
+    engines: list[ActorHandle]
+    replicas: list[ActorHandle] = field(default_factory=list)
+    replay: Any = None
+    offline_data: ShippedFile | None = None
+
+
+class RolloutWorker:
+    """The actor class (``create_rollout_workers`` applies ``ray.remote``); its ``WorkerParts`` come with the
+    first ``run`` call."""
+
+    def __init__(self, cfg: dict[str, Any], index: int = 0) -> None:
         self.cfg = DreamGymConfig.model_validate(cfg)
         self.index = index
-        self.engines = list(engines)
-        self.replicas = list(replicas or [])
-        self.replay = replay
+        self.engines: list[ActorHandle] = []
+        self.replicas: list[ActorHandle] = []
+        self.replay: Any = None
         self.offline_data: ShippedFile | None = None
-        """The offline real data, from the first ``run`` call that brings it (read when synthetic envs are made)."""
         self.schedule = Schedule.from_config(self.cfg.train)
         self._envs: dict[str, list[Environment]] = {}
         """Environments by kind (``real``, ``eval``, ``synthetic``), each list made on first use: a run that
@@ -195,11 +201,12 @@ class RolloutWorker:
 
     # -- rollouts ------------------------------------------------------------------------------------
     def run(self, tasks: list[Task], phase: str, temperature: float | None = None,
-            seed: int = 0, offline_data: ShippedFile | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
-        """One episode per task. ``phase``: ``real``, ``synthetic``, ``eval`` or ``random``. ``offline_data``:
-        the run's offline real data (kept from the first call that brings it)."""
-        if self.offline_data is None:
-            self.offline_data = offline_data
+            seed: int = 0, parts: WorkerParts | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
+        """One episode per task. ``phase``: ``real``, ``synthetic``, ``eval`` or ``random``. ``parts``: the
+        engines, replicas, replay buffer and offline data of the run (kept from the first call)."""
+        if parts is not None and not self.engines:
+            self.engines, self.replicas = list(parts.engines), list(parts.replicas)
+            self.replay, self.offline_data = parts.replay, parts.offline_data
         plan = rollout_plan(phase)
         threads = 1
         if plan.env == "synthetic":
@@ -245,14 +252,12 @@ class RolloutWorker:
 
 def create_rollout_workers(
     cfg: DreamGymConfig,
-    engines: list[ActorHandle],
-    replicas: list[ActorHandle] | None = None,
-    replay: Any = None,
     name_prefix: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[ActorHandle]:
     """Start ``train.rollout.workers`` workers with ``train.rollout.num_cpus`` (and ``resources``) each; returns
-    once all are up, logging the nodes they run on to ``log``. The offline data goes with each ``run`` call.
+    once all are up, logging the nodes they run on to ``log``. What they call (``WorkerParts``) goes with each
+    ``run`` call.
 
     Ray restarts a worker that dies up to ``train.rollout.max_restarts`` times (the driver runs its share of
     episodes again); ``name_prefix`` names them ``<prefix>-<i>`` (``ray list actors`` shows which run they serve).
@@ -262,7 +267,7 @@ def create_rollout_workers(
     cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker)
     workers = [cls.options(num_cpus=r.num_cpus, max_restarts=r.max_restarts, resources=dict(r.resources) or None,
                            name=f"{name_prefix}-{i}" if name_prefix else None)
-               .remote(cfg.model_dump(mode="json"), engines, i, replicas, replay)
+               .remote(cfg.model_dump(mode="json"), i)
                for i in range(r.workers)]
     ready = ray.get([w.ready.remote() for w in workers])
     if log is not None:

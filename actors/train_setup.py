@@ -64,6 +64,12 @@ class Actors:
     """The offline data in the object store (``actors.files.ShippedFile``), held for the whole run and sent with
     every rollout call: a worker that Ray restarts reads it again."""
 
+    def worker_parts(self) -> Any:
+        """What the rollout workers call (``actors.rollout.WorkerParts``), sent with each of their ``run`` calls."""
+        from actors.rollout import WorkerParts
+
+        return WorkerParts(self.engines, self.replicas, self.replay, self.offline)
+
     def shutdown(self) -> None:
         if self.replay is not None:
             with contextlib.suppress(Exception):
@@ -324,7 +330,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
                                                num_cpus=CURRICULUM_CPUS, offline_data=a.offline,
                                                use_env=Schedule.from_config(cfg.train).uses_real_training)
         prefix = f"rollout-{run_dir.name}-{os.getpid()}"
-        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, name_prefix=prefix, log=log)
+        a.workers = create_rollout_workers(cfg, name_prefix=prefix, log=log)
         a.worker_names = [f"{prefix}-{i}" for i in range(len(a.workers))]
     except BaseException:
         # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.
