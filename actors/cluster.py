@@ -28,14 +28,50 @@ def connect(cfg: RayConfig) -> str:
             return f"Ray cluster at {address}"
         # "local": a fresh single-node Ray even if another one runs on this machine (join it with "auto").
         system = {"worker_niceness": cfg.worker_niceness} if cfg.worker_niceness is not None else None
-        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
-                 configure_logging=False, _system_config=system)
+        with _without_token_notice():
+            ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False,
+                     log_to_driver=cfg.log_to_driver, configure_logging=False, _system_config=system)
+        if os.environ.get(AUTH_MODE_VAR, "").lower() == "disabled":
+            return ("local Ray, without token authentication (RAY_AUTH_MODE=disabled: whoever reaches this "
+                    "machine's Ray ports can run code on it; unset it to have a token again)")
         return "local Ray"
     except (ConnectionError, TimeoutError) as e:
         raise DreamGymError(
             f"cannot connect to the Ray cluster at {address!r}: {e}. Start one with `ray start --head`, "
             "or leave ray.address unset (and RAY_ADDRESS empty) to run on a local Ray"
         ) from None
+
+
+#: Ray's switch for token authentication (``token`` or ``disabled``; unset: on for a Ray that ``ray.init`` starts).
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+
+#: The logger of Ray's token-authentication setup and the start of the notice it logs on every local start.
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class _DropTokenNotice:
+    """A ``logging`` filter that drops Ray's token notice and lets everything else through."""
+
+    def filter(self, record: object) -> bool:
+        return not str(getattr(record, "msg", "")).startswith(_TOKEN_NOTICE)
+
+
+@contextlib.contextmanager
+def _without_token_notice() -> Any:
+    """Ray 2.60 turns token authentication on for a Ray that ``ray.init`` starts (a token in
+    ``~/.ray/auth_token``, made if missing) and logs a warning saying so on every start, which users read as an
+    error. Authentication stays exactly as Ray sets it; only that line is dropped (the run's first status line
+    says which Ray it uses, and with ``RAY_AUTH_MODE=disabled`` that it is unprotected). A cluster keeps its
+    token: see ``cluster/README.md``."""
+    import logging
+
+    logger, drop = logging.getLogger(_TOKEN_LOGGER), _DropTokenNotice()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def cluster_cpus() -> int:

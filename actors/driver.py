@@ -38,7 +38,7 @@ from actors.train_setup import (
     warm_start,
 )
 from dreamgym.config import DreamGymConfig, load_config, save_config
-from dreamgym.errors import ConfigError, TrainingFaultError
+from dreamgym.errors import ActorHungError, ConfigError, ReplayTimeoutError, TrainingFaultError
 from dreamgym.eval_records import append_records, episode_records
 from dreamgym.experience.accounting import counts_from, rule_figures
 from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
@@ -64,6 +64,12 @@ from dreamgym.train_state import (
 )
 from dreamgym.types import Group, Task, Trajectory
 from dreamgym.verdict import episode_outcomes
+from dreamgym.watchdog import hung_message
+
+#: The actors the driver waits on through ``Run.remote``: the name its messages give each and the
+#: ``train.watchdog`` field that bounds one call to it.
+WATCHED = {"learner": ("the learner actor", "learner_s"), "curriculum": ("the curriculum actor", "curriculum_s"),
+           "worker": ("rollout worker 0", "worker_s")}
 
 
 @dataclass
@@ -176,11 +182,13 @@ class Run:
         """Launch one episode per task, split evenly over the workers."""
         w = self.a.workers
         chunks = [list(tasks[i::len(w)]) for i in range(len(w))]
-        return [RolloutCall(i, c, phase, temperature, seed, w[i].run.remote(c, phase, temperature, seed))
+        return [RolloutCall(i, c, phase, temperature, seed,
+                            w[i].run.remote(c, phase, temperature, seed, self.a.worker_parts()))
                 for i, c in enumerate(chunks) if c]
 
-    def _live_progress(self, phase: str) -> list[dict[str, Any]]:
-        """Progress of the workers that answer within a few seconds (a dead or restarting one does not)."""
+    def _live_progress(self, phase: str) -> dict[int, dict[str, Any]]:
+        """Progress of the workers that answer within a few seconds (a dead, restarting or frozen one does not),
+        by worker index."""
         refs = [w.progress.remote() for w in self.a.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=5.0)
         out = []
@@ -189,7 +197,28 @@ class Run:
                 out.append(ray.get(r))
             except ray.exceptions.RayActorError:
                 continue
-        return [p for p in out if p["phase"] == phase]
+        return {int(p["index"]): p for p in out if p["phase"] == phase}
+
+    def watch_workers(self, pending: Sequence[RolloutCall], live: dict[int, dict[str, Any]],
+                      seen: dict[int, tuple[Any, float]], iteration: int | str) -> None:
+        """The worker watchdog: a worker whose episodes took no step, and that may not even answer its
+        ``progress``, for ``train.watchdog.worker_s`` is killed for Ray to restart; its call then fails like a
+        dead worker's and its share runs again (``lost_worker``). ``seen``: per worker, its last progress and
+        when it changed."""
+        bound, now = self.cfg.train.watchdog.worker_s, time.monotonic()
+        for c in pending:
+            p = live.get(c.worker)
+            mark = None if p is None else (p["episodes"], p["steps"])
+            last, since = seen.setdefault(c.worker, (mark, now))
+            if mark is not None and mark != last:
+                seen[c.worker] = (mark, now)
+            elif now - since > bound:
+                what = hung_message(f"rollout worker {c.worker} ({len(c.tasks)} {c.phase} episodes)", bound,
+                                    "train.watchdog.worker_s") + ": restarting it"
+                self.progress.line(iteration, c.phase, what)
+                self.record("actor_hung", self.state.iteration, what=what)
+                ray.kill(self.a.workers[c.worker], no_restart=False)
+                seen[c.worker] = (None, now)
 
     def collect(self, calls: Sequence[RolloutCall], iteration: int | str, phase: str) -> Collected:
         """Wait for the workers' episodes, with a status line every ``STATUS_INTERVAL_S`` (a synthetic
@@ -201,6 +230,7 @@ class Run:
         """
         t0 = time.perf_counter()
         pending, results, lost = list(calls), [], set()
+        seen: dict[int, tuple[Any, float]] = {}
         while pending:
             ready, _ = ray.wait([c.ref for c in pending], num_returns=len(pending), timeout=STATUS_INTERVAL_S)
             done = {r.hex() for r in ready}
@@ -209,6 +239,8 @@ class Run:
                 try:
                     results.append(ray.get(c.ref))
                 except ray.exceptions.RayTaskError as e:  # a DreamGymError inside: the CLI unwraps it
+                    if isinstance(e.cause, ActorHungError | ReplayTimeoutError):  # an engine or the shards hung
+                        raise self.fault(f"rollout worker {c.worker}: {e.cause}") from None
                     if isinstance(e.cause, ray.exceptions.RayActorError):  # an actor the worker called died
                         raise self.fault(f"rollout worker {c.worker} lost an actor it was calling (a policy engine "
                                          f"or an experience-model replica) during {c.phase} episodes: "
@@ -222,10 +254,24 @@ class Run:
                         lost.update(t.task_id for t in c.tasks)
             if pending:
                 live = self._live_progress(phase)
-                n, total = sum(p["episodes"] for p in live), sum(p["tasks"] for p in live)
-                steps = sum(p["steps"] for p in live)
+                self.watch_workers(pending, live, seen, iteration)
+                ps = list(live.values())
+                n, total = sum(p["episodes"] for p in ps), sum(p["tasks"] for p in ps)
+                steps = sum(p["steps"] for p in ps)
+                waits = [p for p in ps if p.get("waiting")]
+                waiting = ""
+                if waits:
+                    w = max(waits, key=lambda p: p["waiting_s"])
+                    waiting = f"; worker {w['index']} waits on {w['waiting']} for {w['waiting_s']:.0f} s"
+                silent = sorted(c.worker for c in pending if c.worker not in live)
+                if silent:
+                    waiting += f"; no progress report from worker(s) {', '.join(map(str, silent))}"
                 self.progress.line(iteration, phase, f"running: {n}/{total} episodes, {steps} steps "
-                                                     f"({time.perf_counter() - t0:.0f} s)")
+                                                     f"({time.perf_counter() - t0:.0f} s){waiting}")
+        for _, s in results:  # replicas a worker restarted because they hung (``ReplicaRouter.restart_hung``)
+            for note in s.pop("notices", []):
+                self.progress.line(iteration, phase, note)
+                self.record("actor_hung", self.state.iteration, what=note)
         trajs = [t for tr, _ in results for t in tr]
         if lost:
             trajs = [t for t in trajs if t.task.task_id not in lost]
@@ -242,12 +288,25 @@ class Run:
         self.record("fault", self.state.iteration, what=what)
         return TrainingFaultError(f"training stopped at iteration {self.state.iteration + 1}: {what}; {where}")
 
-    def remote(self, ref: ray.ObjectRef, what: str) -> Any:
-        """``ray.get`` of the learner's work; an actor that died there (learner, engine) stops the run by name."""
+    def remote(self, ref: ray.ObjectRef, what: str, actor: str = "learner") -> Any:
+        """``ray.get`` of one driver call to an actor (``WATCHED``: the learner, the curriculum, a worker's
+        ``tasks``), the one path every such call takes. While it runs, a status line every ``STATUS_INTERVAL_S``
+        says what is waited for and for how long; an actor that died there, or did not answer within its
+        ``train.watchdog`` bound, stops the run by name (a fault: the run resumes itself, ``train.auto_resume``).
+        Killing a hung actor is left to the session's shutdown."""
+        name, field = WATCHED[actor]
+        bound = float(getattr(self.cfg.train.watchdog, field))
+        t0 = time.monotonic()
+        while not ray.wait([ref], timeout=max(0.0, min(STATUS_INTERVAL_S, bound - (time.monotonic() - t0))))[0]:
+            waited = time.monotonic() - t0
+            if waited >= bound:
+                raise self.fault(hung_message(f"{what} ({name})", bound, f"train.watchdog.{field}"))
+            self.progress.line(self.state.iteration, "waiting", f"{what}: waiting on {name} for {waited:.0f} s "
+                                                                f"(bound {bound:.0f} s, train.watchdog.{field})")
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            raise self.fault(f"{what} failed: the learner actor died ({type(e).__name__})") from None
+            raise self.fault(f"{what} failed: {name} died ({type(e).__name__})") from None
         except ray.exceptions.RayTaskError as e:  # a DreamGymError inside: the CLI unwraps it
             if isinstance(e.cause, ray.exceptions.RayActorError):
                 raise self.fault(f"{what} failed: an actor it called died ({type(e.cause).__name__})") from None
@@ -286,7 +345,7 @@ class Run:
         if not again:
             return None
         w = self.a.workers[call.worker]
-        ref = w.run.remote(call.tasks, call.phase, call.temperature, call.seed)
+        ref = w.run.remote(call.tasks, call.phase, call.temperature, call.seed, self.a.worker_parts())
         return RolloutCall(call.worker, call.tasks, call.phase, call.temperature, call.seed, ref, call.attempts + 1)
 
     # -- evaluation ------------------------------------------------------------------------------------
@@ -334,7 +393,8 @@ class Run:
         self.remote(self.a.learner.save_checkpoint.remote(str(d)), f"the checkpoint {d.name}")
         self.state.wall_seconds += time.time() - self.t_session
         self.t_session = time.time()
-        save_driver_state(d, self.state, ray.get(self.a.curriculum.state_dict.remote()))
+        save_driver_state(d, self.state, self.remote(self.a.curriculum.state_dict.remote(),
+                                                     "the curriculum's state", "curriculum"))
         self.state.add_phase("checkpoint", time.perf_counter() - t0)
         self.record("checkpoint", self.state.iteration, path=str(d), seconds=time.perf_counter() - t0)
 
@@ -345,7 +405,8 @@ class Run:
     def launch(self, iteration: int) -> Launched:
         """``tasks = curriculum.select()`` and their rollouts, ``n`` episodes per task (one GRPO group each)."""
         phase = self.schedule.phase(iteration)
-        tasks, skipped = self.schedule.trainable_tasks(ray.get(self.a.curriculum.select.remote()), phase)
+        selected = self.remote(self.a.curriculum.select.remote(), "the curriculum's task selection", "curriculum")
+        tasks, skipped = self.schedule.trainable_tasks(selected, phase)
         calls = self.rollouts(repeat_tasks(tasks, self.cfg.learner.group_size), phase, seed=iteration)
         return Launched(iteration, phase, tasks, calls, time.perf_counter(), skipped)
 
@@ -367,7 +428,11 @@ class Run:
             self.guard_simulator(log)
         nxt = self.launch(launched.iteration + 1) if self.overlaps_next(launched.iteration + 1) else None
         with log.timed("replay"):
-            added = self.a.replay.add([tr for t in learnable for tr in t.transitions], iteration=launched.iteration)
+            try:
+                added = self.a.replay.add([tr for t in learnable for tr in t.transitions],
+                                          iteration=launched.iteration)
+            except ReplayTimeoutError as e:  # a shard stuck or not back in time: like a dead learner
+                raise self.fault(str(e)) from None
         with log.timed("learner"):
             lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
         sync: dict[str, Any] = {}
@@ -376,7 +441,8 @@ class Run:
             with log.timed("sync"):
                 sync = self.remote(self.a.learner.sync.remote(self.a.engines), f"the weight sync of "
                                    f"v{int(lm['version'])} to {len(self.a.engines)} policy engine(s)")
-        cm = ray.get(self.a.curriculum.step.remote(got.unrecorded))  # earlier rounds were recorded as they ended
+        # Earlier rounds were recorded as they ended.
+        cm = self.remote(self.a.curriculum.step.remote(got.unrecorded), "the curriculum step", "curriculum")
         st.iteration = launched.iteration + 1
         log.note(learner=lm, sync=sync, replay=added.to_dict(),
                  curriculum={k: v for k, v in cm.items() if not isinstance(v, list)})
@@ -440,9 +506,10 @@ class Run:
             spent = phase == "real" and not self.schedule.budget_left(st.real_transitions)
             if mixed >= want or rnd == extra or spent:
                 break
-            ray.get(self.a.curriculum.update.remote(got_groups))
+            self.remote(self.a.curriculum.update.remote(got_groups), "the curriculum's recording", "curriculum")
             unrecorded = []
-            more, n_skipped = self.schedule.trainable_tasks(ray.get(self.a.curriculum.select.remote()), phase)
+            more, n_skipped = self.schedule.trainable_tasks(
+                self.remote(self.a.curriculum.select.remote(), "the curriculum's task selection", "curriculum"), phase)
             if not more:
                 break
             self.progress.line(launched.iteration + 1, phase,
@@ -523,18 +590,19 @@ class Run:
             self.record("replay_seed", st.iteration, **rep)
         if not self.eval_tasks and cfg.train.eval.enabled:
             t = cfg.train
-            self.eval_tasks = ray.get(self.a.workers[0].tasks.remote(t.eval.tasks, t.eval.first_seed, t.eval.split))
+            self.eval_tasks = self.remote(self.a.workers[0].tasks.remote(t.eval.tasks, t.eval.first_seed, t.eval.split),
+                                          "the held-out tasks", "worker")
             st.eval_tasks = [x.to_dict() for x in self.eval_tasks]
         st.add_phase("setup", time.perf_counter() - t0)
         if gold is not None:
             t0 = time.perf_counter()
             warm_start(cfg, self.a, gold, lambda m: self.say(m, "warm-start"),
-                       lambda m: self.record("warm_start", 0, **m))
+                       lambda m: self.record("warm_start", 0, **m), get=self.remote)
             st.warm_started = True
             st.add_phase("warm_start", time.perf_counter() - t0)
-        if int(ray.get(self.a.learner.version.remote())) > 0:  # resumed or warm-started weights
-            t0 = time.perf_counter()
-            rep = ray.get(self.a.learner.sync.remote(self.a.engines))
+        if int(self.remote(self.a.learner.version.remote(), "asking the learner its weight version")) > 0:
+            t0 = time.perf_counter()  # resumed or warm-started weights
+            rep = self.remote(self.a.learner.sync.remote(self.a.engines), "the weight sync to the policy engines")
             st.add_phase("sync", time.perf_counter() - t0)
             self.say(f"engines serve weights v{rep['version']} ({rep['seconds']:.1f} s)", "sync")
         if cfg.train.eval.at_start and not st.evals:
@@ -550,7 +618,8 @@ class Run:
         self.t_session = time.time()
         final = checkpoint_dir(self.run_dir, st.iteration)
         if (final / "learner.json").is_file():  # the learner is saved at this iteration: refresh the counters
-            save_driver_state(final, st, ray.get(self.a.curriculum.state_dict.remote()))
+            save_driver_state(final, st, self.remote(self.a.curriculum.state_dict.remote(), "the curriculum's state",
+                                                     "curriculum"))
         else:
             self.checkpoint()
         summary = self.summary()

@@ -8,7 +8,8 @@ engine batches them.
 
 ``ReplicaRouter`` sends each request to the least-loaded live replica: load = requests this router has
 in flight there + the replica's own in-flight count (re-read every ``refresh_s``, which also checks
-liveness). A replica that dies is dropped and its requests go to the others.
+liveness). A replica that dies is dropped and its requests go to the others; one that does not answer a batch
+within ``request_timeout_s`` (alive but stuck) is killed for Ray to restart, and its requests go likewise.
 
 ``connect_experience_model(cfg)`` gives an ``ExperienceClient`` for any backend of the config
 (``ray`` replicas, a ``local`` in-process engine, or an ``http`` OpenAI-compatible server).
@@ -31,6 +32,7 @@ from dreamgym.experience.engine import AsyncEngine, EngineOptions, engine_env
 from dreamgym.experience.http_client import ExperienceBackendError
 from dreamgym.experience.schema import Completion, CompletionRequest, Sampling
 from dreamgym.experience.setup import engine_options
+from dreamgym.watchdog import Waits, hung_message
 
 
 class ExperienceModelReplica:
@@ -148,10 +150,15 @@ class ReplicaRouter:
     """Least-loaded routing over live replicas (thread-safe; picklable handles, local counters)."""
 
     def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0,
-                 revive_timeout_s: float = 300.0) -> None:
+                 revive_timeout_s: float = 300.0, waits: Waits | None = None) -> None:
         if not replicas:
             raise ValueError("ReplicaRouter needs at least one replica")
         self.replicas = list(replicas)
+        self.waits = waits or Waits()
+        """The replica calls waited on now (a rollout worker passes its own: its status names them)."""
+        self.notices: list[str] = []
+        self.hung = 0
+        """Replicas restarted because a batch was not answered within ``timeout_s``."""
         self.revive_timeout_s = revive_timeout_s
         self.revived = 0
         """Replicas seen dead and then back (restarted by Ray, engine loaded)."""
@@ -246,17 +253,20 @@ class ReplicaRouter:
         refs = {i: self.replicas[i].generate.remote([requests[j] for j in js]) for i, js in groups.items()}
         out: list[Completion | None] = [None] * len(requests)
         lost: list[int] = []
+        deadline = time.monotonic() + self.timeout_s  # one bound for the batch: the replicas answer in parallel
         for i, ref in refs.items():
+            what = f"experience-model replica {i} ({len(groups[i])} request(s))"
             try:
-                for j, c in zip(groups[i], ray.get(ref, timeout=self.timeout_s), strict=True):
+                with self.waits.waiting(what):
+                    answer = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                for j, c in zip(groups[i], answer, strict=True):
                     out[j] = c
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self.alive[i] = False
                 lost += groups[i]
             except ray.exceptions.GetTimeoutError:
-                raise ExperienceBackendError(
-                    f"experience-model replica {i} did not answer {len(groups[i])} request(s) within "
-                    f"{self.timeout_s:.0f} s (experience_model.request_timeout_s)") from None
+                self.restart_hung(i, what)
+                lost += groups[i]
             finally:
                 with self._lock:
                     self.inflight[i] -= len(groups[i])
@@ -265,8 +275,24 @@ class ReplicaRouter:
                 out[j] = c
         return [c for c in out if c is not None]
 
+    def restart_hung(self, i: int, what: str) -> None:
+        """A replica past ``request_timeout_s`` is alive but stuck (``train.watchdog``): Ray kills and restarts it
+        (``experience_model.max_restarts``; the probe of ``_probe_dead`` loads its engine again) and its requests
+        go to the live replicas, or wait for one (``revive_timeout_s``), as for a replica that died. The
+        report is kept in ``notices`` for the caller's status line."""
+        self.notices.append(hung_message(what, self.timeout_s, "experience_model.request_timeout_s")
+                            + ": restarting it")
+        self.alive[i] = False
+        self.hung += 1
+        ray.kill(self.replicas[i], no_restart=False)
+
+    def take_notices(self) -> list[str]:
+        """The hung-replica reports since the last call (and forget them)."""
+        out, self.notices = self.notices, []
+        return out
+
     def stats(self) -> dict[str, Any]:
-        return {"replicas": len(self.replicas), "alive": sum(self.alive), "revived": self.revived,
+        return {"replicas": len(self.replicas), "alive": sum(self.alive), "revived": self.revived, "hung": self.hung,
                 "sent": list(self.sent),
                 "remote_load": list(self.remote_load)}
 
@@ -275,8 +301,8 @@ class RayExperienceClient(ExperienceClient):
     """The ``ExperienceClient`` over replicas; ``owns`` replicas are killed on ``close``."""
 
     def __init__(self, replicas: Sequence[ActorHandle], refresh_s: float = 1.0, timeout_s: float = 600.0,
-                 owns: bool = False, revive_timeout_s: float = 300.0) -> None:
-        self.router = ReplicaRouter(replicas, refresh_s, timeout_s, revive_timeout_s)
+                 owns: bool = False, revive_timeout_s: float = 300.0, waits: Waits | None = None) -> None:
+        self.router = ReplicaRouter(replicas, refresh_s, timeout_s, revive_timeout_s, waits)
         self.owns = owns
 
     def complete(self, requests: Sequence[CompletionRequest]) -> list[Completion]:

@@ -25,7 +25,7 @@ import numpy as np
 import ray
 
 from dreamgym.config import DreamGymConfig, ReplayConfig
-from dreamgym.errors import ConfigError, DreamGymError, ReplayError
+from dreamgym.errors import ConfigError, DreamGymError, ReplayError, ReplayTimeoutError
 from dreamgym.replay.buffer import AddResult, ReplayBuffer, rank
 from dreamgym.replay.filters import Filters, parse_filters
 from dreamgym.replay.records import payload_transition, point_id, shard_of
@@ -250,7 +250,7 @@ def _get(refs: Any, timeout_s: float | None = None) -> Any:
     try:
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise ReplayError(
+        raise ReplayTimeoutError(
             f"the replay shards did not answer within {timeout_s:.0f} s (replay.call_timeout_s): a shard that died "
             "was not restarted in time, or its storage is stuck; see the ReplayShard actors' logs") from None
     except ray.exceptions.RayTaskError as e:

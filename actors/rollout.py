@@ -9,7 +9,8 @@ in the environment of the phase's ``dreamgym.schedule.rollout_plan``; the policy
 
 A ``SyntheticEnv`` needs each task's initial state ``s_0`` and the valid actions of the states it reaches:
 both come from the real data (``OfflineTaskFacts`` over the offline file, which reaches the worker through
-the object store as an ``actors.files.ShippedFile``: nothing is read from the driver's node). Only when
+the object store as an ``actors.files.ShippedFile`` in the ``WorkerParts`` of each ``run`` call; nothing is
+read from the driver's node). Only when
 training also uses the real environment (``real``, ``s2r``) does a task unknown to the data get its ``s_0``
 from a *reset* of the real environment (no action is taken, so no real transition is spent); a ``synthetic``
 run never opens one.
@@ -21,9 +22,12 @@ random-valid-action baseline on the same tasks).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -31,9 +35,11 @@ import ray
 from dreamgym.config import DreamGymConfig
 from dreamgym.data.task_facts import OfflineTaskFacts
 from dreamgym.envs.registry import make_env
+from dreamgym.errors import ActorHungError
 from dreamgym.rollout import ActFn, RolloutStats, random_valid_act, run_episodes
 from dreamgym.schedule import Schedule, rollout_plan
 from dreamgym.types import ActionSample, AgentTurn, Demonstration, Task, Trajectory
+from dreamgym.watchdog import Waits, hung_message
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -42,15 +48,31 @@ if TYPE_CHECKING:
     from dreamgym.envs.base import Environment
 
 
-def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None) -> ActFn:
-    """The batched policy over engine actors: the turns are split evenly, one ``act`` call per engine."""
+def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None, timeout_s: float | None = None,
+                waits: Waits | None = None) -> ActFn:
+    """The batched policy over engine actors: the turns are split evenly, one ``act`` call per engine.
+
+    ``timeout_s`` (``train.watchdog.engine_s``) bounds the calls together: an engine that has not answered by
+    then is alive but stuck, and ``ActorHungError`` names it. ``waits`` registers each wait (the status line)."""
 
     def act(turns: Sequence[AgentTurn]) -> list[ActionSample]:
         k = len(engines)
         chunks = [list(turns[i::k]) for i in range(k)]
         kw = {} if temperature is None else {"temperature": temperature}
         refs = [e.act.remote(c, 1, **kw) if c else None for e, c in zip(engines, chunks, strict=True)]
-        answers = [ray.get(r) if r is not None else [] for r in refs]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        answers: list[list[list[ActionSample]]] = []
+        for i, r in enumerate(refs):
+            if r is None:
+                answers.append([])
+                continue
+            what = f"policy-engine-{i} act ({len(chunks[i])} turns)"
+            with waits.waiting(what) if waits is not None else contextlib.nullcontext():
+                try:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    answers.append(ray.get(r, timeout=left))
+                except ray.exceptions.GetTimeoutError:
+                    raise ActorHungError(hung_message(what, timeout_s or 0.0, "train.watchdog.engine_s")) from None
         out: list[ActionSample | None] = [None] * len(turns)
         for i, ans in enumerate(answers):
             for j, samples in enumerate(ans):
@@ -60,24 +82,30 @@ def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None
     return act
 
 
-class RolloutWorker:
-    """The actor class (``create_rollout_workers`` applies ``ray.remote``)."""
+@dataclass
+class WorkerParts:
+    """What a rollout worker calls and reads: the policy engines, the experience-model replicas, the replay
+    buffer (its shards' handles) and the offline data. Sent with every ``run`` call, not to the constructor:
+    Ray logs an error for a restartable actor whose constructor arguments hold object-store references, and
+    actor handles count as such; a worker that Ray restarted gets them again with its next call."""
 
-    def __init__(
-        self,
-        cfg: dict[str, Any],
-        engines: list[ActorHandle],
-        index: int = 0,
-        replicas: list[ActorHandle] | None = None,
-        replay: Any = None,
-        offline_data: ShippedFile | None = None,
-    ) -> None:
+    engines: list[ActorHandle]
+    replicas: list[ActorHandle] = field(default_factory=list)
+    replay: Any = None
+    offline_data: ShippedFile | None = None
+
+
+class RolloutWorker:
+    """The actor class (``create_rollout_workers`` applies ``ray.remote``); its ``WorkerParts`` come with the
+    first ``run`` call."""
+
+    def __init__(self, cfg: dict[str, Any], index: int = 0) -> None:
         self.cfg = DreamGymConfig.model_validate(cfg)
         self.index = index
-        self.engines = list(engines)
-        self.replicas = list(replicas or [])
-        self.replay = replay
-        self.offline_data = offline_data
+        self.engines: list[ActorHandle] = []
+        self.replicas: list[ActorHandle] = []
+        self.replay: Any = None
+        self.offline_data: ShippedFile | None = None
         self.schedule = Schedule.from_config(self.cfg.train)
         self._envs: dict[str, list[Environment]] = {}
         """Environments by kind (``real``, ``eval``, ``synthetic``), each list made on first use: a run that
@@ -89,6 +117,9 @@ class RolloutWorker:
         self.real_resets = 0
         self._experience: Any = None
         self._live: dict[str, Any] = {"phase": None, "episodes": 0, "tasks": 0, "steps": 0, "running": False}
+        self.waits = Waits()
+        self._router: Any = None
+        """The engine and replica calls this worker waits on now (its ``progress`` names the oldest)."""
 
     def ready(self) -> dict[str, Any]:
         return {"index": self.index, "engines": len(self.engines), "pid": os.getpid(),
@@ -121,7 +152,8 @@ class RolloutWorker:
         em = self.cfg.experience_model
         if self.replicas:
             client: Any = RayExperienceClient(self.replicas, em.router_refresh_s, em.request_timeout_s, owns=False,
-                                              revive_timeout_s=em.revive_timeout_s)
+                                              revive_timeout_s=em.revive_timeout_s, waits=self.waits)
+            self._router = client.router
         elif em.backend in ("http", "copy"):  # copy: the top-1 retrieved transition, no model (copy-sim)
             from actors.experience_model import connect_experience_model
 
@@ -170,15 +202,20 @@ class RolloutWorker:
 
     # -- rollouts ------------------------------------------------------------------------------------
     def run(self, tasks: list[Task], phase: str, temperature: float | None = None,
-            seed: int = 0) -> tuple[list[Trajectory], dict[str, Any]]:
-        """One episode per task. ``phase``: ``real``, ``synthetic``, ``eval`` or ``random``."""
+            seed: int = 0, parts: WorkerParts | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
+        """One episode per task. ``phase``: ``real``, ``synthetic``, ``eval`` or ``random``. ``parts``: the
+        engines, replicas, replay buffer and offline data of the run (kept from the first call)."""
+        if parts is not None and not self.engines:
+            self.engines, self.replicas = list(parts.engines), list(parts.replicas)
+            self.replay, self.offline_data = parts.replay, parts.offline_data
         plan = rollout_plan(phase)
         threads = 1
         if plan.env == "synthetic":
             envs, threads = self.envs("synthetic"), self.cfg.train.rollout.synthetic_threads
         else:
             envs = self.envs(plan.env)
-        act = random_valid_act(seed) if plan.policy == "random" else engines_act(self.engines, temperature)
+        act = (random_valid_act(seed) if plan.policy == "random"
+               else engines_act(self.engines, temperature, self.cfg.train.watchdog.engine_s, self.waits))
         em_before = self._experience.stats.copy() if self._experience is not None else None
         self._live = {"phase": phase, "episodes": 0, "tasks": len(tasks), "steps": 0, "running": True}
 
@@ -196,13 +233,17 @@ class RolloutWorker:
             out.update({f"em_{key}": n for key, n in spent.counts().items()})
             out.update({f"em_reason:{why}": n for why, n in spent.reasons.items()})
         out["real_resets"] = self.real_resets
+        out["notices"] = self._router.take_notices() if self._router is not None else []
         self._live = {**self._live, "running": False}
         return trajs, out
 
     @ray.method(concurrency_group="progress")
     def progress(self) -> dict[str, Any]:
-        """Episodes and steps of the ``run`` in flight (answered while it runs: its own concurrency group)."""
-        return {**self._live, "pid": os.getpid()}
+        """Episodes and steps of the ``run`` in flight (answered while it runs: its own concurrency group), and the
+        oldest engine or replica call it waits on (``waiting``, for ``waiting_s`` seconds) if any."""
+        longest = self.waits.longest()
+        waiting = {"waiting": longest[0], "waiting_s": round(longest[1], 1)} if longest else {}
+        return {**self._live, **waiting, "pid": os.getpid(), "index": self.index}
 
     def close(self) -> None:
         for envs in self._envs.values():
@@ -212,15 +253,12 @@ class RolloutWorker:
 
 def create_rollout_workers(
     cfg: DreamGymConfig,
-    engines: list[ActorHandle],
-    replicas: list[ActorHandle] | None = None,
-    replay: Any = None,
-    offline_data: ShippedFile | None = None,
     name_prefix: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[ActorHandle]:
     """Start ``train.rollout.workers`` workers with ``train.rollout.num_cpus`` (and ``resources``) each; returns
-    once all are up, logging the nodes they run on to ``log``.
+    once all are up, logging the nodes they run on to ``log``. What they call (``WorkerParts``) goes with each
+    ``run`` call.
 
     Ray restarts a worker that dies up to ``train.rollout.max_restarts`` times (the driver runs its share of
     episodes again); ``name_prefix`` names them ``<prefix>-<i>`` (``ray list actors`` shows which run they serve).
@@ -230,7 +268,7 @@ def create_rollout_workers(
     cls = ray.remote(concurrency_groups={"progress": 1})(RolloutWorker)
     workers = [cls.options(num_cpus=r.num_cpus, max_restarts=r.max_restarts, resources=dict(r.resources) or None,
                            name=f"{name_prefix}-{i}" if name_prefix else None)
-               .remote(cfg.model_dump(mode="json"), engines, i, replicas, replay, offline_data)
+               .remote(cfg.model_dump(mode="json"), i)
                for i in range(r.workers)]
     ready = ray.get([w.ready.remote() for w in workers])
     if log is not None:

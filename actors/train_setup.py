@@ -61,8 +61,14 @@ class Actors:
     placement_groups: dict[str, Any] = field(default_factory=dict)
     plan: PlacementPlan | None = None
     offline: Any = None
-    """The offline data in the object store (``actors.files.ShippedFile``), held for the whole run: a worker that
-    Ray restarts reads it again."""
+    """The offline data in the object store (``actors.files.ShippedFile``), held for the whole run and sent with
+    every rollout call: a worker that Ray restarts reads it again."""
+
+    def worker_parts(self) -> Any:
+        """What the rollout workers call (``actors.rollout.WorkerParts``), sent with each of their ``run`` calls."""
+        from actors.rollout import WorkerParts
+
+        return WorkerParts(self.engines, self.replicas, self.replay, self.offline)
 
     def shutdown(self) -> None:
         if self.replay is not None:
@@ -326,8 +332,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
                                                num_cpus=CURRICULUM_CPUS, offline_data=a.offline,
                                                use_env=Schedule.from_config(cfg.train).uses_real_training)
         prefix = f"rollout-{run_dir.name}-{os.getpid()}"
-        a.workers = create_rollout_workers(cfg, a.engines, a.replicas, a.replay, a.offline, name_prefix=prefix,
-                                           log=log)
+        a.workers = create_rollout_workers(cfg, name_prefix=prefix, log=log)
         a.worker_names = [f"{prefix}-{i}" for i in range(len(a.workers))]
     except BaseException:
         # Handles not yet assigned belong to actors owned by this driver: Ray ends them when it exits.
@@ -365,11 +370,14 @@ def gold_for_warm_start(cfg: DreamGymConfig, offline: Path | None, run_dir: Path
 
 
 def warm_start(cfg: DreamGymConfig, actors: Actors, episodes: list[list[Any]], log: Callable[[str], None],
-               record: Callable[[dict[str, Any]], None]) -> int:
-    """Behaviour cloning on gold episodes in the learner actor; returns the new weight version."""
+               record: Callable[[dict[str, Any]], None],
+               get: Callable[[Any, str], Any] | None = None) -> int:
+    """Behaviour cloning on gold episodes in the learner actor; returns the new weight version. ``get(ref,
+    what)`` waits on each learner call (the driver's fault path, ``Run.remote``; default ``ray.get``)."""
     from learner.bc import run_bc
 
-    trajs = ray.get(actors.learner.tokenise_gold.remote(episodes))
+    wait = get or (lambda ref, what: ray.get(ref))
+    trajs = wait(actors.learner.tokenise_gold.remote(episodes), "tokenising the gold episodes")
     t = cfg.train.warm_start
 
     def show(m: dict[str, Any]) -> None:
@@ -377,6 +385,6 @@ def warm_start(cfg: DreamGymConfig, actors: Actors, episodes: list[list[Any]], l
         log(f"step {int(m['bc_step'])}/{t.steps} on {len(trajs)} gold episodes: gold-reply NLL {m['nll']:.3f} "
             f"({m['tokens_per_s']:.0f} tok/s)")
 
-    run_bc(lambda batch: ray.get(actors.learner.warm_start_step.remote(batch, t.lr)), trajs, t.steps,
-           t.batch_episodes, cfg.run.seed, show)
-    return int(ray.get(actors.learner.end_warm_start.remote()))
+    run_bc(lambda batch: wait(actors.learner.warm_start_step.remote(batch, t.lr), "a warm-start step"), trajs,
+           t.steps, t.batch_episodes, cfg.run.seed, show)
+    return int(wait(actors.learner.end_warm_start.remote(), "the end of the warm start"))

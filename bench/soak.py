@@ -4,7 +4,10 @@ Starts ``dreamgym train`` (the packaged default config unless ``--config``; extr
 overrides after ``--``) as a subprocess in its own session, with enough iterations to outlast the soak. Once
 the run's first evaluation has ended, every ``--kill-every`` seconds it sends SIGKILL to the next actor process
 of the cycle rollout worker -> experience-model replica -> replay shard -> policy engine (found among the run's
-own descendants, as ``kill -9`` would; a role without a live process is skipped and noted). Every
+own descendants, as ``kill -9`` would; a role without a live process is skipped and noted). With ``--freeze``
+the cycle covers every actor kind (curriculum and learner included), each killed once and frozen once
+(SIGSTOP: the run's watchdog must find it, ``train.watchdog``, and replace it; a frozen process the run has not
+replaced after ``--freeze-for`` seconds gets SIGCONT, and the JSON says which were replaced). Every
 ``--sample-every`` seconds it records the resident memory of each process group: each Ray actor with its child
 processes (vLLM engine cores, the TextWorldExpress JVM), the driver, Ray's own daemons and idle workers. After
 ``--minutes`` the run gets SIGTERM (it stops like Ctrl-C) and the benchmark reads its ``metrics.jsonl``:
@@ -12,7 +15,7 @@ iterations completed, transitions the replay buffer acknowledged, invalid synthe
 and automatic resumes, rollout workers lost; and the memory of each group over time, with the growth of the
 peaks from the middle to the last third of the soak (after training began).
 
-    .venv/bin/python bench/soak.py [--minutes 30] [--kill-every 300] [--config FILE] [-- --train.x y ...]
+    .venv/bin/python bench/soak.py [--minutes 30] [--kill-every 300] [--freeze] [--config FILE] [-- --train.x y ...]
 
 Prints the JSON and writes it to ``bench/results/soak-<host>-<date>.json``; the run directory stays under
 ``runs/soak/``.
@@ -21,6 +24,7 @@ Prints the JSON and writes it to ``bench/results/soak-<host>-<date>.json``; the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -35,6 +39,19 @@ from bench_iteration import REPO, write_result
 
 #: The kill cycle: the Ray actor class names of the parts a fault may take out.
 KILL_CYCLE = ("RolloutWorker", "ExperienceModelReplica", "ReplayShard", "PolicyEngine")
+
+#: The cycle with ``--freeze``: every actor kind killed once and frozen once (SIGSTOP: alive, never answering,
+#: as a wedged GPU kernel or a node behind a partition), kills and freezes interleaved.
+FAULT_CYCLE = (("kill", "RolloutWorker"), ("freeze", "PolicyEngine"), ("kill", "ExperienceModelReplica"),
+               ("freeze", "ExperienceModelReplica"), ("kill", "ReplayShard"), ("freeze", "RolloutWorker"),
+               ("kill", "CurriculumActor"), ("freeze", "CurriculumActor"), ("kill", "PolicyEngine"),
+               ("freeze", "LearnerActor"), ("kill", "LearnerActor"), ("freeze", "ReplayShard"))
+
+#: ``--freeze``: the hang bounds of the run, short enough for a frozen actor to be found within a soak's fault
+#: interval and still far above the default run's slowest call on a 2-core CPU (a GRPO step: a few minutes).
+FREEZE_OVERRIDES = ["--train.watchdog.engine_s", "120", "--train.watchdog.worker_s", "900",
+                    "--train.watchdog.curriculum_s", "300", "--train.watchdog.learner_s", "900",
+                    "--experience_model.request_timeout_s", "180", "--replay.call_timeout_s", "180"]
 
 #: Overrides that make the default run outlast the soak: many iterations, half of them in synthesis (so the
 #: experience-model replicas live), no real-transition budget, resumes enough for an engine kill each cycle.
@@ -96,6 +113,34 @@ def kill_one(root: psutil.Process, role: str) -> dict[str, Any]:
     return {"role": role, "killed": True, "pid": victim.pid, "alive_of_role": len(found)}
 
 
+def freeze_one(root: psutil.Process, role: str) -> dict[str, Any]:
+    """SIGSTOP the oldest live ``ray::<role>`` process under ``root``; ``thaw`` later lets it go on if the run
+    has not killed it by then (the run should: its watchdog finds it and the process is replaced)."""
+    found = []
+    for p in root.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if actor_name(p) == role and p.status() != psutil.STATUS_STOPPED:
+                found.append(p)
+    if not found:
+        return {"role": role, "frozen": False, "why": "no live process"}
+    victim = min(found, key=lambda p: p.create_time())
+    victim.suspend()
+    return {"role": role, "frozen": True, "pid": victim.pid, "alive_of_role": len(found)}
+
+
+def thaw(fault: dict[str, Any], now: float) -> None:
+    """End a freeze: note whether the run replaced the frozen process (gone or a zombie), then SIGCONT it."""
+    try:
+        p = psutil.Process(fault["pid"])
+        gone = p.status() == psutil.STATUS_ZOMBIE
+        if not gone:
+            p.resume()
+    except psutil.NoSuchProcess:
+        gone = True
+    fault["replaced_by_the_run"] = gone
+    fault["thawed_at"] = round(now, 1)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -122,6 +167,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "faults": [r.get("what") for r in records if r["event"] == "fault"],
         "auto_resumes": sum(1 for r in records if r["event"] == "auto_resume"),
         "rollout_workers_lost": sum(1 for r in records if r["event"] == "rollout_worker_lost"),
+        "hung_reports": [r.get("what") for r in records if r["event"] == "actor_hung"],
         "guard_trips": sum(1 for r in records if r["event"] == "guard" and r.get("tripped")),
     }
 
@@ -155,7 +201,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         argv, extra = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--kill-every", type=float, default=300.0, help="seconds between kills")
+    ap.add_argument("--kill-every", type=float, default=300.0, help="seconds between faults (kills or freezes)")
+    ap.add_argument("--freeze", action="store_true",
+                    help="freeze actors too (SIGSTOP), every actor kind killed once and frozen once per cycle, with "
+                         "hang bounds short enough to find a freeze between two faults (FREEZE_OVERRIDES)")
+    ap.add_argument("--freeze-for", type=float, default=None,
+                    help="seconds before a frozen process gets SIGCONT if the run has not replaced it "
+                         "(default: --kill-every)")
     ap.add_argument("--sample-every", type=float, default=15.0, help="seconds between memory samples")
     ap.add_argument("--config", default=None, help="config file (default: the packaged default run)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/soak-<host>-<date>.json)")
@@ -163,7 +215,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     out_dir = REPO / "runs" / "soak"
     cmd = [str(Path(sys.executable).parent / "dreamgym"), "train", *([args.config] if args.config else []),
-           *SOAK_OVERRIDES, "--run.out_dir", str(out_dir), *extra]
+           *SOAK_OVERRIDES, *(FREEZE_OVERRIDES if args.freeze else []), "--run.out_dir", str(out_dir), *extra]
+    cycle_of = FAULT_CYCLE if args.freeze else tuple(("kill", r) for r in KILL_CYCLE)
+    freeze_for = args.freeze_for if args.freeze_for is not None else args.kill_every
     before = set(out_dir.glob("soak-train-*")) if out_dir.exists() else set()
     log_path = REPO / "runs" / "soak.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,8 +252,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     done = summarise(read_metrics(run_dir)) if run_dir else {}
                     print(f"soak: {(now - t0) / 60:.1f} min, iteration {done.get('last_iteration', 0)}, "
                           f"{len(kills)} kill(s), tree {sum(samples[-1]['mib'].values()):.0f} MiB", flush=True)
+            for k in kills:
+                if k.get("frozen") and "thawed_at" not in k and now - t0 >= k["t"] + freeze_for:
+                    thaw(k, now - t0)
+                    print(f"soak: thawed {k}", flush=True)
             if now >= next_kill:
-                k = kill_one(root, KILL_CYCLE[cycle % len(KILL_CYCLE)])
+                action, role = cycle_of[cycle % len(cycle_of)]
+                k = kill_one(root, role) if action == "kill" else freeze_one(root, role)
                 k["t"] = round(now - t0, 1)
                 kills.append(k)
                 print(f"soak: {k}", flush=True)
@@ -207,6 +266,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 next_kill = now + args.kill_every
             time.sleep(1.0)
     finally:
+        for k in kills:  # never leave a stopped process behind
+            if k.get("frozen") and "thawed_at" not in k:
+                thaw(k, time.time() - t0)
         ended_itself = proc.poll() is not None
         if not ended_itself:
             proc.send_signal(signal.SIGTERM)  # the driver stops like Ctrl-C and takes its Ray down with it

@@ -833,6 +833,35 @@ class RolloutConfig(Section):
     whole: every episode of its tasks leaves the batch, so the learner never gets part of a GRPO group."""
 
 
+class WatchdogConfig(Section):
+    """``train.watchdog``: bounds on calls to actors that are alive but make no progress (a frozen process, a GPU
+    kernel that never returns, a node behind a network partition): death alone is not enough to notice them.
+
+    Past its bound a call is reported by the actor's name and what was waited for, and treated as a fault: a
+    rollout worker is restarted by Ray (its share of episodes runs again, ``train.rollout.retries``); for a
+    policy engine, the curriculum or the learner the run stops with one line and resumes itself from its last
+    checkpoint (``train.auto_resume``). While a call is waited on, the status line every 30 s says what and for
+    how long. The experience-model replicas and the replay shards have their bounds in their own sections
+    (``experience_model.request_timeout_s``: a replica past it is restarted and its requests go to the others;
+    ``replay.call_timeout_s``: past it the run stops and resumes itself). The defaults are far above what the
+    slowest step of a run on a 2-core CPU takes (figures below): they catch a hang, never a slow machine."""
+
+    engine_s: float = Field(default=900.0, gt=0)
+    """One policy-engine ``act`` call of a rollout worker (a batch of turns, queued behind the other workers'
+    batches: seconds on a 2-core CPU with the 135M policy, at most a minute with 8 workers)."""
+    worker_s: float = Field(default=3600.0, gt=0)
+    """A rollout worker whose episodes take no step and that does not answer its progress (a synthetic step on
+    a 2-core CPU takes up to a few minutes, its experience-model calls bounded by
+    ``experience_model.request_timeout_s``); keep it above ``engine_s`` and that bound, so the actor named is
+    the one that hung."""
+    curriculum_s: float = Field(default=1800.0, gt=0)
+    """One call to the curriculum actor (task selection, the recording and task generation of ``step``: on a
+    2-core CPU with text variants through the experience model, a few minutes)."""
+    learner_s: float = Field(default=7200.0, gt=0)
+    """One call to the learner (a GRPO step, a weight sync, a checkpoint, a warm-start step: a GRPO step of the
+    default run takes minutes on a 2-core CPU)."""
+
+
 class EvalConfig(Section):
     """``train.eval``: the fixed held-out task set in the real environment."""
 
@@ -989,6 +1018,8 @@ class TrainConfig(Section):
     """Extra rounds of tasks for an iteration whose groups lack reward variance (off by default)."""
     guard: GuardConfig = Field(default_factory=GuardConfig)
     """The simulator guard: invalid-reply and reward-rate thresholds over a window of synthetic iterations."""
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    """Bounds on actor calls that hang (alive, no progress): engines, rollout workers, curriculum, learner."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """The rollout workers: how many, their Ray CPUs and how many episodes each runs at once."""
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -55,3 +55,14 @@ class SnapshotError(ReplayError):
 class TrainingFaultError(DreamGymError):
     """A part of a running training died or failed (a policy engine, the learner, a weight sync) and the run
     stopped; the message names the part and the weight version, and how to resume from the last checkpoint."""
+
+
+class ActorHungError(TrainingFaultError):
+    """A call to an actor made no progress within its bound (``train.watchdog``): the actor is alive but stuck
+    (a frozen process, a GPU kernel that never returns, a node behind a network partition). The message names
+    the actor, what was waited for and the bound; the driver treats it as a fault."""
+
+
+class ReplayTimeoutError(ReplayError):
+    """The replay shards did not answer a call within ``replay.call_timeout_s`` (a shard stuck or not restarted
+    in time); inside training a fault like a dead learner (``train.auto_resume``)."""

@@ -8,6 +8,7 @@ replies after the first iteration.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -220,6 +221,139 @@ def test_a_policy_engine_killed_the_run_resumes_itself_from_its_checkpoint(ray_c
     assert [r["iteration"] for r in records if r["event"] == "iteration"][-2:] == [1, 2]
 
 
+def _alive_actor(class_name: str) -> dict[str, Any]:
+    """The one live actor of ``class_name`` in this test's Ray, from Ray's own actor table (pid included)."""
+    from ray._private import state
+
+    alive = [a for a in state.actors(actor_state_name="ALIVE").values() if a["ActorClassName"] == class_name]
+    assert len(alive) == 1, [(a["ActorClassName"], a["Pid"]) for a in alive]
+    return alive[0]
+
+
+def _real_run(tmp_path: Path, **train: Any) -> Any:
+    """The cheapest run of these tests: 2 real iterations, no warm start or evaluation, a checkpoint after each
+    iteration and one automatic resume."""
+    from dreamgym.config import deep_merge
+
+    base = {"mode": "real", "iterations": 2, "warm_start": {"method": "none"}, "eval": {"enabled": False},
+            "checkpoint_every": 1, "auto_resume": 1}
+    return validate_config(tiny_config(tmp_path, train=deep_merge(base, train)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.engine
+def test_the_curriculum_actor_killed_the_run_resumes_itself_without_a_traceback(
+        ray_cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``kill -9`` of the curriculum actor after the first checkpoint: its next call fails, the run stops with a
+    ``fault`` naming it and resumes itself from the checkpoint (which holds the curriculum's state), and no
+    traceback reaches the output."""
+    from actors.driver import run_train
+
+    def kill_curriculum() -> None:
+        pid = _alive_actor("CurriculumActor")["Pid"]
+        killed.append(pid)
+        os.kill(pid, signal.SIGKILL)
+
+    killed: list[int] = []
+    watcher = _when(lambda: list(tmp_path.glob("t-train-*/checkpoints/step-000001/driver.json")), kill_curriculum)
+    s = run_train(_real_run(tmp_path))
+    assert killed, f"the curriculum actor was never killed: {getattr(watcher, 'error', None)!r}"
+    assert s["iterations"] == 2
+    records = _read_metrics(Path(s["run_dir"]))
+    fault = [r for r in records if r["event"] == "fault"]
+    assert len(fault) == 1 and "the curriculum actor died" in fault[0]["what"], fault
+    assert len([r for r in records if r["event"] == "auto_resume"]) == 1
+    assert [r["iteration"] for r in records if r["event"] == "iteration"][-1] == 2
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.engine
+def test_a_frozen_policy_engine_is_named_within_its_bound_and_the_run_resumes(
+        ray_cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kill -STOP`` of the policy engine while a worker samples from it (alive, never answering): within
+    ``train.watchdog.engine_s`` the worker's wait ends naming the engine and the bound, the status line meanwhile
+    says what is waited for, and the run stops with a fault and resumes itself with a new engine."""
+    import actors.driver as driver
+
+    monkeypatch.setattr(driver, "STATUS_INTERVAL_S", 2.0)  # the status line is under test, not its cadence
+    bound = 12.0
+    frozen: list[tuple[int, float]] = []
+
+    def freeze() -> None:
+        pid = _alive_actor("PolicyEngine")["Pid"]
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append((pid, time.time()))
+
+    watcher = _when(lambda: _running_real_episodes(tmp_path), freeze)
+    try:
+        s = driver.run_train(_real_run(tmp_path, watchdog={"engine_s": bound}))
+    finally:
+        for pid, _ in frozen:  # the run's shutdown kills it; never leave a stopped process behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    assert frozen, f"the engine was never frozen: {getattr(watcher, 'error', None)!r}"
+    assert s["iterations"] == 2
+    records = _read_metrics(Path(s["run_dir"]))
+    fault = [r for r in records if r["event"] == "fault"]
+    assert len(fault) == 1, fault
+    what = fault[0]["what"]
+    assert "policy-engine-0 act" in what and f"within {bound:.0f} s (train.watchdog.engine_s)" in what, what
+    # The act call that hung began at most one call before the freeze: the bound is honoured within a few s.
+    assert bound - 5 <= fault[0]["time"] - frozen[0][1] <= bound + 20
+    assert len([r for r in records if r["event"] == "auto_resume"]) == 1
+    err = capfd.readouterr().err
+    assert "waits on policy-engine-0 act" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.engine
+def test_a_frozen_experience_model_replica_is_restarted_and_its_requests_answered(ray_cluster) -> None:
+    """``kill -STOP`` of an experience-model replica: the batch waiting on it ends at
+    ``experience_model.request_timeout_s``, the router reports it by name, Ray restarts it (the stopped process
+    is killed) and the restarted replica answers the request."""
+    import psutil
+    import ray
+
+    from actors.experience_model import RayExperienceClient, start_replicas
+    from dreamgym.config import EngineConfig, ExperienceModelConfig
+    from dreamgym.experience.schema import CompletionRequest, Sampling
+
+    cfg = ExperienceModelConfig(model="tiny", request_timeout_s=5.0, max_restarts=1,
+                                engine=EngineConfig(dtype="float32", max_model_len=1024, num_cpus=0.25,
+                                                    kv_cache_gib=0.25, omp_threads=1))
+    client = RayExperienceClient(start_replicas(cfg), refresh_s=0.0, timeout_s=cfg.request_timeout_s, owns=True,
+                                 revive_timeout_s=300.0)
+    replica = client.router.replicas[0]
+    req = CompletionRequest([{"role": "user", "content": "go north"}], Sampling(max_tokens=4))
+    pid = 0
+    try:
+        assert client.complete([req])[0].finish_reason in ("stop", "length")
+        pid = ray.get(replica.info.remote())["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        again = client.complete([req])
+        took = time.monotonic() - t0
+        assert len(again) == 1 and again[0].finish_reason in ("stop", "length")
+        notes = client.router.take_notices()
+        assert len(notes) == 1 and notes[0].startswith(
+            "experience-model replica 0 (1 request(s)) made no progress within 5 s "
+            "(experience_model.request_timeout_s)") and notes[0].endswith("restarting it"), notes
+        assert took >= 5.0
+        assert client.router.hung == 1 and client.router.revived == 1
+        assert ray.get(replica.info.remote())["pid"] != pid
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        client.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.engine
@@ -300,7 +434,8 @@ def test_a_stalled_experience_model_fine_tune_is_stopped_within_its_bound(
 @pytest.mark.engine
 def test_sigterm_stops_the_run_and_leaves_no_process_behind(tmp_path: Path) -> None:
     """``kill <driver>`` (SIGTERM: a scheduler, ``ray job stop``) during training: the driver cleans up like
-    Ctrl-C (exit 130) and every process it started (Ray, engines, workers, Java games) is gone."""
+    Ctrl-C (exit 130) and every process it started (Ray, engines, workers, Java games) is gone. The run's output
+    until then has no line of Ray's that a user reads as an error."""
     import subprocess
     import sys
 
@@ -327,6 +462,10 @@ def test_sigterm_stops_the_run_and_leaves_no_process_behind(tmp_path: Path) -> N
         assert proc.wait(timeout=180) == 130, (tmp_path / "train.log").read_text()[-3000:]
         _, alive = psutil.wait_procs(started, timeout=60)
         assert not alive, [(p.pid, p.cmdline()[:3]) for p in alive]
+        # A normal run's output is quiet: neither Ray's token notice nor its error line about constructor
+        # arguments in the object store (the offline data goes with each rollout call instead).
+        out = (tmp_path / "train.log").read_text()
+        assert "Token authentication" not in out and "constructor arguments in the object store" not in out, out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
