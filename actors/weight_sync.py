@@ -190,8 +190,10 @@ class NcclWeightSync(WeightSync):
         import torch
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
+        from dreamgym.dtypes import torch_dtype
+
         t0 = time.perf_counter()
-        target = getattr(torch, self.dtype)
+        target = torch_dtype(self.dtype)
         # Cast on the learner's device (no host round trip); NCCL sends contiguous buffers.
         source = _list_source([(n, t.detach().to(target).contiguous()) for n, t in weights])
         self.client.version = version
@@ -311,7 +313,7 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     import os
 
     kind = sync_backend(cfg)
-    dtype = cfg.policy.engine.resolved_dtype()
+    dtype = served_dtype(engines, cfg.learner.sync_timeout_s)
     if kind == "object_store":
         return ObjectStoreWeightSync(engines, dtype=dtype, timeout_s=cfg.learner.sync_timeout_s)
     override = os.environ.get("DREAMGYM_NCCL_MASTER")
@@ -322,6 +324,17 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
         host, port = learner_rendezvous()
     return NcclWeightSync(engines, host, port, timeout_s=cfg.learner.sync_timeout_s, dtype=dtype,
                           tensor_parallel_size=cfg.policy.engine.tensor_parallel_size)
+
+
+def served_dtype(engines: Sequence[ActorHandle], timeout_s: float) -> str:
+    """The dtype the engines serve, as each resolved it from its model (``VllmPolicy.dtype``): the one
+    resolution of ``policy.engine.dtype`` (``auto`` and ``native`` included) that the sync casts to."""
+    infos = _wait_all({e.info.remote(): n for e, n in zip(engines, _engine_names(engines), strict=True)}, -1,
+                      timeout_s)
+    dtypes = {i["dtype"] for i in infos}
+    if len(dtypes) != 1:
+        raise WeightSyncError(_engine_names(engines), -1, f"the engines serve different dtypes {sorted(dtypes)}")
+    return dtypes.pop()
 
 
 def sync_backend(cfg: DreamGymConfig) -> str:

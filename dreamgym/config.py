@@ -182,11 +182,15 @@ class EngineConfig(Section):
                              f"worker; got {self.num_gpus:g})")
         return self
 
-    def resolved_dtype(self) -> str:
-        """``dtype`` with ``native`` resolved for this machine (``dreamgym.hardware``)."""
-        from dreamgym.hardware import native_dtype
+    def resolved_dtype(self, model_path: str | Path | None = None) -> str:
+        """``dtype`` as a concrete name: ``native`` resolved for this machine (``dreamgym.hardware``), ``auto`` from
+        the checkpoint at ``model_path`` (``dreamgym.dtypes.engine_dtype``; ``auto`` stays ``auto`` without one,
+        for display only: casting refuses it)."""
+        from dreamgym.dtypes import engine_dtype
 
-        return native_dtype(self.device) if self.dtype == "native" else self.dtype
+        if self.dtype == "auto" and model_path is None:
+            return "auto"
+        return engine_dtype(self.dtype, self.device, model_path)
 
     def gpus(self) -> float:
         """GPUs one engine reserves: ``num_gpus`` x ``tensor_parallel_size`` on CUDA, none on CPU."""
