@@ -338,11 +338,12 @@ def served_dtype(engines: Sequence[ActorHandle], timeout_s: float) -> str:
 
 
 def sync_backend(cfg: DreamGymConfig) -> str:
-    """``object_store`` or ``nccl``: ``learner.weight_sync``, or for ``auto`` by ``policy.engine.device``."""
-    kind = cfg.learner.weight_sync
-    if kind == "auto":
-        kind = "nccl" if cfg.policy.engine.device == "cuda" else "object_store"
-    return kind
+    """``object_store`` or ``nccl``: ``learner.weight_sync`` as ``dreamgym.placement.choose_weight_sync`` settles it
+    (``auto`` by where the engines and the learner run)."""
+    from dreamgym.placement import choose_weight_sync
+
+    le, e = cfg.learner, cfg.policy.engine
+    return choose_weight_sync(le.weight_sync, e.device, le.device, le.num_gpus, e.num_gpus)
 
 
 def engine_transfer_backend(cfg: DreamGymConfig) -> str | None:
