@@ -313,7 +313,9 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     import os
 
     kind = sync_backend(cfg)
-    dtype = served_dtype(engines, cfg.learner.sync_timeout_s)
+    e = cfg.policy.engine
+    # ``auto`` is the checkpoint's dtype, which the engines read from the folder they serve: ask them.
+    dtype = served_dtype(engines, cfg.learner.sync_timeout_s) if e.dtype == "auto" else e.resolved_dtype()
     if kind == "object_store":
         return ObjectStoreWeightSync(engines, dtype=dtype, timeout_s=cfg.learner.sync_timeout_s)
     override = os.environ.get("DREAMGYM_NCCL_MASTER")
@@ -323,7 +325,7 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     else:
         host, port = learner_rendezvous()
     return NcclWeightSync(engines, host, port, timeout_s=cfg.learner.sync_timeout_s, dtype=dtype,
-                          tensor_parallel_size=cfg.policy.engine.tensor_parallel_size)
+                          tensor_parallel_size=e.tensor_parallel_size)
 
 
 def served_dtype(engines: Sequence[ActorHandle], timeout_s: float) -> str:

@@ -25,8 +25,8 @@ CONCRETE_DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 #: Spellings of ``torch_dtype`` / ``dtype`` in HF ``config.json`` files, mapped to the names above.
-_HF_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-             "float16": "float16", "fp16": "float16", "half": "float16"}
+HF_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16",
+                  "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
 
 
 def checkpoint_dtype(model_path: str | Path) -> str:
@@ -39,7 +39,7 @@ def checkpoint_dtype(model_path: str | Path) -> str:
         raise ValueError(f"dtype 'auto' reads the model's own dtype from {path}, which is unreadable "
                          f"({type(e).__name__}: {e}); name a dtype (float32, bfloat16, float16) instead") from None
     raw = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
-    name = _HF_NAMES.get(str(raw).removeprefix("torch."))
+    name = HF_DTYPE_NAMES.get(str(raw).removeprefix("torch."))
     if name is None:
         raise ValueError(f"{path} declares dtype {raw!r}, which an engine cannot serve; name a dtype "
                          f"({', '.join(CONCRETE_DTYPES)}) instead of 'auto'")

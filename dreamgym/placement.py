@@ -194,7 +194,7 @@ def choose_weight_sync(requested: str, engine_device: str, learner_device: str, 
     policy engines          learner                     ``auto``         ``nccl``
     ======================  ==========================  ===============  ==================
     CPU                     any                         object_store     refused
-    CUDA                    no GPU (cpu, or 0 GPUs)     object_store     refused
+    CUDA                    CPU, or no GPU reserved     object_store     refused
     CUDA, fractional GPU    fractional GPU (may share)  object_store     refused
     CUDA                    a GPU of its own            nccl             nccl
     ======================  ==========================  ===============  ==================
@@ -212,9 +212,12 @@ def choose_weight_sync(requested: str, engine_device: str, learner_device: str, 
     why_not = None
     if engine_device != "cuda":
         why_not = f"the policy engines run on {engine_device!r} (NCCL sends to CUDA engines only)"
+    elif learner_device == "cpu":
+        why_not = "the learner has no GPU (learner.device 'cpu'); NCCL's rank 0 sends from a CUDA device"
     elif not learner_has_gpu:
-        why_not = (f"the learner has no GPU (learner.device {learner_device!r}, learner.num_gpus {learner_gpus:g}); "
-                   "NCCL's rank 0 sends from a CUDA device")
+        why_not = (f"the learner reserves no GPU (learner.device {learner_device!r}, learner.num_gpus 0), so it "
+                   "would use whichever GPU it sees, an engine's included, and NCCL refuses two ranks on one device; "
+                   "set learner.num_gpus 1")
     elif may_share:
         why_not = (f"the learner (learner.num_gpus {learner_gpus:g}) and the policy engines (policy.engine.num_gpus "
                    f"{engine_gpus:g}) ask for fractions of a GPU, so Ray may put them on one device, and NCCL refuses "
