@@ -126,8 +126,12 @@ def learner_holding(le: LearnerConfig, facts: ModelFacts, sync_dtype: str | None
         parts.append((f"{sync_dtype} sync copy", DTYPE_BYTES[sync_dtype] * p))
     gib = sum(_gib(b) for _, b in parts) + CUDA_CONTEXT_GIB
     what = ", ".join(f"{n} {_gib(b):.1f}" for n, b in parts)
-    return gib, f"{facts.params / 1e9:.2f} B params{' (LoRA)' if le.lora.enabled else ''}: {what}, " \
+    return gib, f"{_count(facts.params)} params{' (LoRA)' if le.lora.enabled else ''}: {what}, " \
                 f"CUDA context {CUDA_CONTEXT_GIB:g}"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
 def engine_holding(where: str, e: EngineConfig, facts: ModelFacts, gpu_gib: float) -> tuple[float, str, list[str]]:
@@ -151,7 +155,7 @@ def engine_holding(where: str, e: EngineConfig, facts: ModelFacts, gpu_gib: floa
         problems.append(p)
     detail = (f"gpu_memory_utilization {e.gpu_memory_utilization:g} x {gpu_gib:g}: {dtype} weights {weights:.1f}, "
               f"reserve {ENGINE_RESERVE_GIB:g}, KV cache {max(kv, 0.0):.1f} = "
-              f"{kv / one_seq if one_seq > 0 else 0:.1f} x {e.max_model_len} tokens")
+              f"{max(kv, 0.0) / one_seq if one_seq > 0 else 0:.0f} sequences of {e.max_model_len} tokens")
     return budget, detail, problems
 
 

@@ -78,6 +78,10 @@ class VllmPolicy:
         if weight_transfer_backend:
             # vLLM's trainer-to-engine transfer (NCCL on GPU); the CPU path needs none.
             kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
+        from dreamgym.model_facts import context_problem, model_facts
+
+        if (problem := context_problem("policy.engine", e.max_model_len, model_facts(self.model_path))) is not None:
+            raise ConfigError(problem)  # vLLM's own refusal comes later, deep in its start-up
         self.dtype = e.resolved_dtype(self.model_path)
         """The concrete dtype served (``auto`` read from the checkpoint); weight syncs cast to it."""
         t0 = time.perf_counter()
