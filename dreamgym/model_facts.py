@@ -70,9 +70,9 @@ def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
 
 def read_model_config(name_or_path: str | Path) -> dict[str, Any]:
     """The ``config.json`` of a model named as in a config: a folder, an alias (built or prepared on first use,
-    ``dreamgym.models.resolve_model``), or a hub id (only its ``config.json``, from the HF cache or the hub unless
-    ``HF_HUB_OFFLINE=1``). Raises ``ValueError`` saying why it is unavailable."""
-    from dreamgym.models import ALIASES, hub_offline, is_hub_id, resolve_model
+    ``dreamgym.models.resolve_model``), or a hub id (its ``config.json`` in the local HF cache only: a plan touches
+    no network). Raises ``ValueError`` saying why it is unavailable."""
+    from dreamgym.models import ALIASES, is_hub_id, resolve_model
 
     name = str(name_or_path)
     path = Path(name).expanduser()
@@ -84,9 +84,10 @@ def read_model_config(name_or_path: str | Path) -> dict[str, Any]:
         try:
             from huggingface_hub import hf_hub_download
 
-            return json.loads(Path(hf_hub_download(name, "config.json", local_files_only=hub_offline())).read_text())
+            return json.loads(Path(hf_hub_download(name, "config.json", local_files_only=True)).read_text())
         except Exception as e:
-            raise ValueError(f"config.json of hub model {name!r} is not available ({type(e).__name__}: {e})") from None
+            raise ValueError(f"config.json of hub model {name!r} is not in the local HF cache ({type(e).__name__}); "
+                             f"`hf download {name} config.json` fetches just that file") from None
     else:
         raise ValueError(f"model {name!r} is neither a folder, an alias nor a hub id")
     try:

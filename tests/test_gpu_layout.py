@@ -82,3 +82,55 @@ def test_every_gpu_test_configuration_builds_fits_its_model_and_places(tmp_path:
             if isinstance(cfg, DreamGymConfig):
                 gpus = getattr(mod, "GPUS_NEEDED", {}).get(label, 1)
                 assert plan_placement(cfg).problems(cluster_gpus=gpus, node_gpus=gpus) == [], f"{name}:{label}"
+
+
+# -- the memory plan of train --dry-run (issue 31, defect 8) ---------------------------------------------------------
+#: Qwen2.5-3B-Instruct's published config.json (the sizes only); 3.09 B parameters.
+QWEN25_3B = {"model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+             "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True,
+             "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def _model_folder(tmp_path: Path, cfg: dict) -> Path:
+    """A model folder with a config.json only: the plan reads no weights."""
+    import json
+
+    folder = tmp_path / "qwen2.5-3b"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _layout(model: Path, gpus_each: float, **learner: object) -> DreamGymConfig:
+    return load_config(None, {
+        "policy": {"model": str(model), "engine": {"device": "cuda", "dtype": "bfloat16", "max_model_len": 8192,
+                                                   "gpu_memory_utilization": 0.85, "num_gpus": gpus_each}},
+        "learner": {"device": "cuda", "num_gpus": gpus_each, "precision": "bf16-autocast", **learner},
+        "train": {"mode": "real"}})
+
+
+def test_parameter_count_from_config_matches_the_published_size() -> None:
+    from dreamgym.model_facts import facts_from_config
+
+    assert abs(facts_from_config(QWEN25_3B).params / 1e9 - 3.09) < 0.01
+
+
+def test_dry_run_prints_memory_per_gpu_and_refuses_a_plan_that_does_not_fit(tmp_path: Path, capsys) -> None:
+    from dreamgym.commands.train import dry_run
+
+    model = _model_folder(tmp_path, QWEN25_3B)
+    # Fits: the learner and the engine on GPUs of their own (3B: fp32 weights + grads + AdamW ~46 GiB).
+    assert dry_run(_layout(model, 1.0), 16, 2, 2, 80) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0: " in out and "GPU 1: " in out and "AdamW fp32 23.0" in out and "bfloat16 sync copy 5.7" in out
+    assert "gpu_memory_utilization 0.85 x 80" in out
+    # Does not fit: both on one GPU (fractions are packed), 46.5 + 0.85 x 80 = 114.5 GiB on an 80 GiB GPU.
+    assert dry_run(_layout(model, 0.5), 16, 1, 1, 80) == 2
+    out = capsys.readouterr().out
+    assert re.search(r"GPU 0 holds learner-0 46\.5 \+ policy-engine-0 68\.0 = 114\.5 GiB, more than its 80 GiB", out)
+    # An engine whose budget leaves no room for one max_model_len sequence is refused with its arithmetic.
+    tight = _layout(model, 1.0).model_copy(deep=True)
+    tight.policy.engine.gpu_memory_utilization = 0.08
+    assert dry_run(tight, 16, 2, 2, 80) == 2
+    assert ("0.08 x 80 GiB = 6.4 GiB, less the bfloat16 weights 5.7 GiB and 1 GiB reserve, leaves -0.35 GiB of KV "
+            "cache, less than one sequence of max_model_len 8192 (0.28 GiB)") in capsys.readouterr().out
