@@ -53,6 +53,7 @@ class PolicyEngine:
             "pid": os.getpid(),
             "model_path": str(self.policy.model_path),
             "weight_version": self.policy.weight_version,
+            "dtype": self.policy.dtype,
             "start_seconds": self.policy.start_seconds,
             "gpu_ids": [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])],
         }

@@ -190,8 +190,10 @@ class NcclWeightSync(WeightSync):
         import torch
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
+        from dreamgym.dtypes import torch_dtype
+
         t0 = time.perf_counter()
-        target = getattr(torch, self.dtype)
+        target = torch_dtype(self.dtype)
         # Cast on the learner's device (no host round trip); NCCL sends contiguous buffers.
         source = _list_source([(n, t.detach().to(target).contiguous()) for n, t in weights])
         self.client.version = version
@@ -311,7 +313,9 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     import os
 
     kind = sync_backend(cfg)
-    dtype = cfg.policy.engine.resolved_dtype()
+    e = cfg.policy.engine
+    # ``auto`` is the checkpoint's dtype, which the engines read from the folder they serve: ask them.
+    dtype = served_dtype(engines, cfg.learner.sync_timeout_s) if e.dtype == "auto" else e.resolved_dtype()
     if kind == "object_store":
         return ObjectStoreWeightSync(engines, dtype=dtype, timeout_s=cfg.learner.sync_timeout_s)
     override = os.environ.get("DREAMGYM_NCCL_MASTER")
@@ -321,15 +325,27 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     else:
         host, port = learner_rendezvous()
     return NcclWeightSync(engines, host, port, timeout_s=cfg.learner.sync_timeout_s, dtype=dtype,
-                          tensor_parallel_size=cfg.policy.engine.tensor_parallel_size)
+                          tensor_parallel_size=e.tensor_parallel_size)
+
+
+def served_dtype(engines: Sequence[ActorHandle], timeout_s: float) -> str:
+    """The dtype the engines serve, as each resolved it from its model (``VllmPolicy.dtype``): the one
+    resolution of ``policy.engine.dtype`` (``auto`` and ``native`` included) that the sync casts to."""
+    infos = _wait_all({e.info.remote(): n for e, n in zip(engines, _engine_names(engines), strict=True)}, -1,
+                      timeout_s)
+    dtypes = {i["dtype"] for i in infos}
+    if len(dtypes) != 1:
+        raise WeightSyncError(_engine_names(engines), -1, f"the engines serve different dtypes {sorted(dtypes)}")
+    return dtypes.pop()
 
 
 def sync_backend(cfg: DreamGymConfig) -> str:
-    """``object_store`` or ``nccl``: ``learner.weight_sync``, or for ``auto`` by ``policy.engine.device``."""
-    kind = cfg.learner.weight_sync
-    if kind == "auto":
-        kind = "nccl" if cfg.policy.engine.device == "cuda" else "object_store"
-    return kind
+    """``object_store`` or ``nccl``: ``learner.weight_sync`` as ``dreamgym.placement.choose_weight_sync`` settles it
+    (``auto`` by where the engines and the learner run)."""
+    from dreamgym.placement import choose_weight_sync
+
+    le, e = cfg.learner, cfg.policy.engine
+    return choose_weight_sync(le.weight_sync, e.device, le.device, le.num_gpus, e.num_gpus)
 
 
 def engine_transfer_backend(cfg: DreamGymConfig) -> str | None:

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --dry-run: check against a cluster of N GPUs instead of a live one")
     p.add_argument("--node-gpus", type=float, default=None, metavar="N",
                    help="with --dry-run: GPUs of the largest node (a packed placement group must fit on one)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, metavar="GIB",
+                   help="with --dry-run: memory of each GPU for the per-GPU memory plan (default 79.6, an 80 GB GPU)")
 
     p = sub.add_parser("sft", help="behaviour cloning (warm start) of the policy on gold episodes; writes an HF "
                                     "folder usable as policy.model")

@@ -182,11 +182,15 @@ class EngineConfig(Section):
                              f"worker; got {self.num_gpus:g})")
         return self
 
-    def resolved_dtype(self) -> str:
-        """``dtype`` with ``native`` resolved for this machine (``dreamgym.hardware``)."""
-        from dreamgym.hardware import native_dtype
+    def resolved_dtype(self, model_path: str | Path | None = None) -> str:
+        """``dtype`` as a concrete name: ``native`` resolved for this machine (``dreamgym.hardware``), ``auto`` from
+        the checkpoint at ``model_path`` (``dreamgym.dtypes.engine_dtype``; ``auto`` stays ``auto`` without one,
+        for display only: casting refuses it)."""
+        from dreamgym.dtypes import engine_dtype
 
-        return native_dtype(self.device) if self.dtype == "native" else self.dtype
+        if self.dtype == "auto" and model_path is None:
+            return "auto"
+        return engine_dtype(self.dtype, self.device, model_path)
 
     def gpus(self) -> float:
         """GPUs one engine reserves: ``num_gpus`` x ``tensor_parallel_size`` on CUDA, none on CPU."""
@@ -353,7 +357,9 @@ class LearnerConfig(Section):
     """torch threads of a CPU learner (``OMP_NUM_THREADS`` of its actor)."""
     weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
     """How engines receive new weights: through the Ray object store into vLLM's in-place reload
-    (CPU), or NCCL broadcast through vLLM's weight-transfer API (GPU). ``auto``: by ``policy.device``."""
+    (CPU), or NCCL broadcast through vLLM's weight-transfer API (GPU). ``auto``: NCCL when the engines are on CUDA
+    and the learner has a GPU no engine can share (whole GPUs), else the object store; an explicit ``nccl`` that
+    cannot work is refused with the reason (``dreamgym.placement.choose_weight_sync``)."""
     sync_timeout_s: float = Field(default=300.0, gt=0.0)
     """A weight sync that takes longer raises, naming the engine and the version."""
     keep_checkpoints: int = Field(default=2, ge=1)
@@ -1166,6 +1172,17 @@ class DreamGymConfig(Section):
     """The training loop (``dreamgym train``): mode, iterations, evaluation, checkpoints, warm start."""
     study: StudyConfig = Field(default_factory=StudyConfig)
     """The arms and seeds of ``dreamgym study`` (ignored by every other command)."""
+
+    @model_validator(mode="after")
+    def _weight_sync_possible(self) -> DreamGymConfig:
+        from dreamgym.placement import choose_weight_sync
+
+        le, e = self.learner, self.policy.engine
+        try:  # an explicit learner.weight_sync that cannot work for this layout is refused here, with the reason
+            choose_weight_sync(le.weight_sync, e.device, le.device, le.num_gpus, e.num_gpus)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
 
 
 # ----------------------------------------------------------------------------------------------

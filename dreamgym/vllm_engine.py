@@ -78,10 +78,16 @@ class VllmPolicy:
         if weight_transfer_backend:
             # vLLM's trainer-to-engine transfer (NCCL on GPU); the CPU path needs none.
             kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
+        from dreamgym.model_facts import context_problem, model_facts
+
+        if (problem := context_problem("policy.engine", e.max_model_len, model_facts(self.model_path))) is not None:
+            raise ConfigError(problem)  # vLLM's own refusal comes later, deep in its start-up
+        self.dtype = e.resolved_dtype(self.model_path)
+        """The concrete dtype served (``auto`` read from the checkpoint); weight syncs cast to it."""
         t0 = time.perf_counter()
         self.llm = LLM(
             model=str(self.model_path),
-            dtype=e.resolved_dtype(),
+            dtype=self.dtype,
             seed=e.seed + engine_index,
             max_model_len=e.max_model_len,
             enforce_eager=e.enforce_eager,

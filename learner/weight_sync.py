@@ -77,9 +77,9 @@ def cast_for_engine(weights: NamedTensors, dtype: str, clone: bool) -> list[tupl
     A tied ``lm_head.weight`` (the embedding tensor itself) is left out: it would be moved twice,
     and ``VllmPolicy.load_weights`` restores it from the embedding for tied models.
     """
-    import torch
+    from dreamgym.dtypes import torch_dtype
 
-    target = getattr(torch, dtype)
+    target = torch_dtype(dtype)
     out = []
     pairs = list(weights)
     embed = dict(pairs).get("model.embed_tokens.weight")

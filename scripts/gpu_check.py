@@ -249,6 +249,8 @@ def train_command(out: Path, gpus: int) -> list[str]:
         "--policy.model": "tiny", "--policy.engine.device": "cuda", "--policy.engine.dtype": "bfloat16",
         "--policy.engine.gpu_memory_utilization": "0.2", "--policy.engine.num_gpus": g,
         "--experience_model.model": "tiny", "--experience_model.engine.device": "cuda",
+        # the tiny model's context is 2048 tokens (max_position_embeddings); the replicas' default is 4096
+        "--experience_model.engine.max_model_len": "2048",
         "--experience_model.engine.gpu_memory_utilization": "0.2", "--experience_model.engine.num_gpus": g,
         "--learner.device": "cuda", "--learner.num_gpus": g, "--learner.precision": "bf16-autocast",
         "--learner.weight_sync": "object_store" if share else "nccl",

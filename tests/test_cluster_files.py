@@ -199,3 +199,46 @@ def test_the_shared_volume_is_defined_and_mounted_everywhere() -> None:
         assert mounts["data"] == "/data"
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}  # secrets come as valueFrom
         assert env["HF_HOME"].startswith("/data/")
+
+
+# -- KubeRay token authentication and the operator version (issue 31, defect 1) ---------------------------------------
+def operator_facts() -> dict[str, Any]:
+    return json.loads((KUBERAY / "operator-facts.json").read_text())
+
+
+def test_kuberay_token_auth_goes_through_auth_options_of_the_stated_operator() -> None:
+    """``spec.authOptions`` on every cluster spec (the operator passes the token to the autoscaler sidecar and the
+    RayJob submitter only then), a submitter pod template on the RayJob, and the operator version the headers state
+    is the first whose CRDs have every field the manifests use (``authOptions.secretName``: 1.6.0)."""
+    facts = operator_facts()
+    stated = facts["stated_minimum"]
+    v = facts["versions"][stated]
+    rc = substituted(CLUSTER / "kuberay-raycluster.yaml")
+    job = substituted(CLUSTER / "kuberay-rayjob.yaml")
+    for f in ("kuberay-raycluster.yaml", "kuberay-rayjob.yaml"):
+        assert f"KubeRay operator >= {stated}" in (CLUSTER / f).read_text(), f
+    assert f"operator >= {stated}" in (CLUSTER / "README.md").read_text()
+    cluster_specs = [rc["spec"]] + ([job["spec"]["rayClusterSpec"]] if "rayClusterSpec" in job["spec"] else [])
+    secret = re.search(r"kubectl create secret generic (\S+) --from-literal=(\w+)=",
+                       (CLUSTER / "kuberay-raycluster.yaml").read_text())
+    assert secret is not None
+    for spec in cluster_specs:
+        auth = spec.get("authOptions")
+        assert auth is not None and auth["mode"] == "token", "no spec.authOptions: the autoscaler gets no token"
+        assert set(spec) <= set(v["raycluster_spec"]) and set(auth) <= set(v["authOptions"])
+        assert auth["mode"] in v["authOptions_mode"]
+        assert (auth["secretName"], v["auth_secret_key"]) == secret.groups()  # the Secret the header creates
+        # a field the previous release lacks: the stated version is the minimum
+        assert not set(auth) <= set(facts["versions"]["1.5.1"]["authOptions"])
+        groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+        for pod in [g["template"]["spec"] for g in groups]:
+            names = {e["name"] for c in pod["containers"] for e in c.get("env", [])}
+            assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}, "set by the operator from authOptions"
+    assert v["http_probes_for_ray_2_53"] and rc["spec"]["rayVersion"] >= "2.53"  # no wget in the CUDA image
+    # The RayJob: fields of the stated version, a submitter pod template in a mode that accepts one.
+    assert set(job["spec"]) <= set(v["rayjob_spec"])
+    assert job["spec"]["submissionMode"] in v["submitter_pod_template_modes"]
+    template = job["spec"]["submitterPodTemplate"]["spec"]
+    assert template["restartPolicy"] == "Never"
+    head_image = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    assert template["containers"][0]["image"] == head_image  # the cluster's `ray` CLI

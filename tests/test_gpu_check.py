@@ -50,10 +50,16 @@ def test_full_mode_train_command_fits_the_gpus_it_finds() -> None:
     finally:
         sys.path.pop(0)
     from dreamgym.config import load_config
+    from dreamgym.memory_plan import context_problems, plan_memory
     from dreamgym.placement import plan_placement
 
     for gpus, sync in ((1, "object_store"), (2, "object_store"), (4, "nccl")):
         cmd = gpu_check.train_command(Path("/tmp/x"), gpus)
         cfg = load_config(None, cmd[cmd.index("train") + 1:])
         assert cfg.train.iterations == 3 and cfg.learner.weight_sync == sync
-        assert plan_placement(cfg).problems(16, gpus, gpus) == []
+        plan = plan_placement(cfg)
+        assert plan.problems(16, gpus, gpus) == []
+        # issue 31, defect 2: every engine fits its model's context (the replicas asked 4096 of the tiny model's 2048)
+        assert context_problems(cfg) == [], gpus
+        memory = plan_memory(cfg, plan, gpus, gpu_gib=24.0)  # the smallest GPU it should pass on
+        assert memory.problems() == [] and memory.not_planned == [], memory.table()

@@ -6,11 +6,12 @@ tensor-parallel engine placed in its placement group's bundles. They run through
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpo_helpers import random_groups
 
-from dreamgym.config import load_config
+from dreamgym.config import DreamGymConfig, load_config
 from dreamgym.models import build_tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.engine]
@@ -28,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", num_heads=4, num_kv_heads=2, seed=0)
 
 
-def _cfg(tiny: Path, engines: int, tp: int):
+def gpu_config(tiny: Path, engines: int, tp: int) -> DreamGymConfig:
     return load_config(overrides={
         "policy": {"model": str(tiny), "num_engines": engines, "max_tokens": 4,
                    "engine": {"device": "cuda", "dtype": "float32", "max_model_len": 256, "tensor_parallel_size": tp,
@@ -36,6 +37,15 @@ def _cfg(tiny: Path, engines: int, tp: int):
         "learner": {"device": "cuda", "num_gpus": 1, "num_cpus": 0.25, "weight_sync": "nccl", "sync_timeout_s": 180,
                     "lr": 1e-2},
         "train": {"colocate": True}})
+
+
+def gpu_test_configs(model: Path) -> list[tuple[str, Any]]:
+    """Every configuration this module's tests build (checked on CPU by tests/test_gpu_layout.py), by name."""
+    return [("two_engines", gpu_config(model, 2, 1)), ("tensor_parallel", gpu_config(model, 1, 2))]
+
+
+#: GPUs each configuration of ``gpu_test_configs`` needs (the tests skip with fewer).
+GPUS_NEEDED = {"two_engines": 3, "tensor_parallel": 3}
 
 
 def _run_sync(ray_cluster: object, tiny: Path, engines: int, tp: int) -> None:
@@ -47,7 +57,7 @@ def _run_sync(ray_cluster: object, tiny: Path, engines: int, tp: int) -> None:
     from actors.weight_sync import engine_transfer_backend
     from dreamgym.placement import plan_placement
 
-    cfg = _cfg(tiny, engines, tp)
+    cfg = gpu_config(tiny, engines, tp)
     plan = plan_placement(cfg)
     groups = create_groups(plan, 120, print)
     handles = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dreamgym import hardware
@@ -53,3 +55,28 @@ def test_native_engine_dtype_resolves_per_device(monkeypatch: pytest.MonkeyPatch
     assert resolve_dtype("auto", "cpu") == "float32"  # the embedding model follows the same rule
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     assert EngineConfig(dtype="native").resolved_dtype() == "bfloat16" and resolve_dtype("auto") == "bfloat16"
+
+
+def test_auto_engine_dtype_is_the_checkpoints_and_casting_refuses_an_unresolved_name(tmp_path: Path) -> None:
+    """``dtype: auto`` (the model's own dtype) resolves from ``config.json``; a weight sync cast never sees
+    ``auto`` (issue 31, defect 7: ``getattr(torch, "auto")`` broke every sync)."""
+    import json
+
+    import torch
+
+    from dreamgym.config import EngineConfig
+    from dreamgym.dtypes import torch_dtype
+    from learner.weight_sync import cast_for_engine
+
+    cases = (({"torch_dtype": "bfloat16"}, "bfloat16"), ({"dtype": "float16"}, "float16"), ({}, "float32"))
+    for declared, expected in cases:
+        folder = tmp_path / expected
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama", **declared}))
+        assert EngineConfig(dtype="auto").resolved_dtype(folder) == expected
+    with pytest.raises(ValueError, match="'auto' and 'native' must be resolved first"):
+        torch_dtype("auto")
+    with pytest.raises(ValueError, match="'auto' and 'native' must be resolved first"):
+        cast_for_engine([("w", torch.zeros(2))], "auto", clone=False)
+    with pytest.raises(ValueError, match="unreadable"):
+        EngineConfig(dtype="auto").resolved_dtype(tmp_path / "missing")

@@ -18,7 +18,7 @@ from dreamgym.config import load_config
 def _gpu_cfg(tp: int = 1):
     return load_config(overrides={
         "policy": {"num_engines": 2, "engine": {"device": "cuda", "tensor_parallel_size": tp}},
-        "learner": {"device": "cuda", "weight_sync": "nccl", "sync_timeout_s": 42}})
+        "learner": {"device": "cuda", "num_gpus": 1, "weight_sync": "nccl", "sync_timeout_s": 42}})
 
 
 def test_rendezvous_is_the_learners_node_and_a_free_port(monkeypatch: pytest.MonkeyPatch) -> None:

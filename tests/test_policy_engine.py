@@ -15,8 +15,8 @@ import ray
 from grpo_helpers import groups_from_samples
 
 from actors.policy_engine import create_policy_engines
-from actors.weight_sync import ObjectStoreWeightSync
-from dreamgym.config import EngineConfig, LearnerConfig, PolicyConfig
+from actors.weight_sync import ObjectStoreWeightSync, make_weight_sync
+from dreamgym.config import EngineConfig, LearnerConfig, PolicyConfig, load_config
 from dreamgym.models import build_tiny_model
 from dreamgym.types import AgentTurn, Observation, Task
 from learner.learner import Learner
@@ -40,8 +40,8 @@ def word_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(ray_cluster: object, word_model: Path):
     cfg = PolicyConfig(model=str(word_model), max_tokens=2, history_steps=0, max_admissible_shown=0,
-                       engine=EngineConfig(dtype="float32", max_model_len=256, seed=0, kv_cache_gib=0.25))
-    (handle,) = create_policy_engines(cfg)
+                       engine=EngineConfig(dtype="auto", max_model_len=256, seed=0, kv_cache_gib=0.25))
+    (handle,) = create_policy_engines(cfg)  # dtype auto: the checkpoint's fp32
     yield handle
     ray.kill(handle)
 
@@ -97,6 +97,18 @@ def test_after_a_sync_engine_logprobs_match_the_learner(engine, word_model: Path
     synced_lp = ray.get(engine.score.remote([seq]))[0]
     assert _max_diff(synced_lp, new_lp) < LOGPROB_TOL  # after it they match
     assert all(x.weight_version == 101 for g in ray.get(engine.act.remote(TURNS[:1], n=2)) for x in g)
+
+
+def test_dtype_auto_is_resolved_once_by_the_engine_and_the_sync_casts_to_it(engine, word_model: Path) -> None:
+    """Issue 31, defect 7: ``policy.engine.dtype: auto`` made every sync fail (``getattr(torch, "auto")``)."""
+    cfg = load_config(None, {"policy": {"model": str(word_model), "engine": {"dtype": "auto"}},
+                             "learner": {"device": "cpu", "sync_timeout_s": 120}})
+    learner = _learner(word_model)
+    sync = make_weight_sync(cfg, [engine])
+    sync.push(learner.sync_weights(), version=300)
+    assert sync.dtype == ray.get(engine.info.remote())["dtype"] == "float32"  # the tiny checkpoint's dtype
+    seq = ray.get(engine.prompt_ids.remote(TURNS[0]))
+    assert _max_diff(ray.get(engine.score.remote([seq]))[0], learner.sequence_logprobs([seq])[0]) < LOGPROB_TOL
 
 
 def test_a_failing_or_slow_sync_raises_with_engine_and_version(engine, word_model: Path) -> None:

@@ -20,7 +20,8 @@ def default_train_config() -> str:
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     if getattr(args, "dry_run", False):
         config = Path(args.resume) / "config.yaml" if args.resume else (args.config or default_train_config())
-        return dry_run(load_config(config, overrides), args.cluster_cpus, args.cluster_gpus, args.node_gpus)
+        return dry_run(load_config(config, overrides), args.cluster_cpus, args.cluster_gpus, args.node_gpus,
+                       getattr(args, "gpu_memory_gib", None))
     if args.resume:
         parse_overrides(overrides)  # malformed overrides fail before anything starts
         cfg = None
@@ -68,9 +69,12 @@ def cluster_shape(cfg: DreamGymConfig) -> tuple[float, float, float | None, str]
 
 
 def dry_run(cfg: DreamGymConfig, cluster_cpus: float | None = None, cluster_gpus: float | None = None,
-            node_gpus: float | None = None) -> int:
+            node_gpus: float | None = None, gpu_memory_gib: float | None = None) -> int:
     """Print the placement plan of ``cfg`` and check it against a cluster: the stated shape where one is given
-    (``cluster_cpus`` / ``cluster_gpus`` / ``node_gpus``), else the live one. Exit code 0 when it fits, 2 when not."""
+    (``cluster_cpus`` / ``cluster_gpus`` / ``node_gpus``), else the live one. A plan with GPUs also gets its memory
+    plan per GPU (``dreamgym.memory_plan``; ``gpu_memory_gib`` per GPU, default an 80 GB GPU), which must fit too.
+    Exit code 0 when it fits, 2 when not."""
+    from dreamgym.memory_plan import DEFAULT_GPU_GIB, gpu_count, plan_memory
     from dreamgym.placement import plan_placement
 
     plan = plan_placement(cfg)
@@ -84,6 +88,10 @@ def dry_run(cfg: DreamGymConfig, cluster_cpus: float | None = None, cluster_gpus
                                   f"{gpus:g} GPUs" if gpus is not None else "",
                                   f"{node_gpus:g} GPUs on the largest node" if node_gpus is not None else "") if x)
     problems = plan.problems(cpus, gpus, node_gpus)
+    if plan.total_gpus > 0:
+        memory = plan_memory(cfg, plan, max(int(gpus or 0), gpu_count(plan)), gpu_memory_gib or DEFAULT_GPU_GIB)
+        print(memory.table())
+        problems += memory.problems()
     if problems:
         print(f"does not fit {what} ({shape}): " + "; ".join(problems))
         return 2
