@@ -100,14 +100,17 @@ class ExperienceModelReplica:
 
 def start_replicas(
     cfg: ExperienceModelConfig, model_path: str | None = None, count: int | None = None, name_prefix: str | None = None,
-    placements: Sequence[tuple[dict[str, Any], dict[str, str]]] | None = None,
+    placements: Sequence[tuple[dict[str, Any], dict[str, str]]] | None = None, one_by_one: bool = False,
 ) -> list[ActorHandle]:
     """Start ``count`` (default ``cfg.replicas``) replicas with the config's resources; returns once all
     engines are up (raises naming the replicas that failed or were not up within
-    ``experience_model.engine.start_timeout_s``).
+    ``experience_model.engine.start_timeout_s``). ``one_by_one``: each starts once the one before is up
+    (replicas that may share a GPU, ``dreamgym.placement.shares_gpus``).
 
     ``placements``: per replica, the Ray options and extra environment of ``actors.placement.actor_options``
     (its placement-group bundles); required for a tensor-parallel replica."""
+
+    from actors.placement import start_or_kill
 
     n = count or cfg.replicas
     if cfg.engine.tensor_parallel_size > 1 and placements is None:
@@ -133,7 +136,9 @@ def start_replicas(
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
         handles.append(ray.remote(ExperienceModelReplica).options(**options).remote(opts, i))
-    from actors.placement import start_or_kill
+        if one_by_one:
+            start_or_kill(handles, {handles[-1].start.remote(): f"experience-replica-{i}"}, cfg.engine.start_timeout_s,
+                          "experience_model.engine.start_timeout_s")
 
     return start_or_kill(handles, {h.start.remote(): f"experience-replica-{i}" for i, h in enumerate(handles)},
                          cfg.engine.start_timeout_s, "experience_model.engine.start_timeout_s")

@@ -139,14 +139,20 @@ def create_policy_engines(
     weight_transfer_backend: str | None = None,
     name_prefix: str | None = None,
     placements: Sequence[tuple[dict[str, Any], dict[str, str]]] | None = None,
+    one_by_one: bool = False,
 ) -> list[ActorHandle]:
     """Start ``num_engines`` (default ``cfg.num_engines``) engine actors; returns once all are ready.
+
+    ``one_by_one``: each engine starts once the one before is up (engines that may share a GPU,
+    ``dreamgym.placement.shares_gpus``: vLLM's profiling would charge one engine's memory to the other).
 
     ``weight_transfer_backend="nccl"`` for the GPU weight sync (``actors.weight_sync.NcclWeightSync``).
     ``placements``: per engine, the Ray options and extra environment of ``actors.placement.actor_options``
     (its placement-group bundle); without them each engine asks for ``cfg.engine`` resources itself. The start
     is bounded by ``cfg.engine.start_timeout_s``; an engine not up by then is named in the error.
     """
+
+    from actors.placement import start_or_kill
 
     count = num_engines or cfg.num_engines
     if cfg.engine.tensor_parallel_size > 1 and placements is None:
@@ -181,7 +187,8 @@ def create_policy_engines(
             actor_cls.remote(cfg.model_dump(mode="json"), i, str(model_path) if model_path else None,
                              weight_transfer_backend)
         )
-    from actors.placement import start_or_kill
-
+        if one_by_one:
+            start_or_kill(handles, {handles[-1].info.remote(): f"policy-engine-{i}"}, cfg.engine.start_timeout_s,
+                          "policy.engine.start_timeout_s")
     return start_or_kill(handles, {h.info.remote(): f"policy-engine-{i}" for i, h in enumerate(handles)},
                          cfg.engine.start_timeout_s, "policy.engine.start_timeout_s")

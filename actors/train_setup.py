@@ -37,7 +37,7 @@ from actors.cluster import close_actors, wait_names_free
 from actors.files import check_shared_run_dir, ship_file
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError, TrainingFaultError
-from dreamgym.placement import CURRICULUM_CPUS, PlacementPlan, plan_placement
+from dreamgym.placement import CURRICULUM_CPUS, PlacementPlan, plan_placement, shares_gpus
 from dreamgym.schedule import Schedule
 from dreamgym.types import Transition
 
@@ -287,13 +287,19 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         learner_places = [{k: v for k, v in opts.items() if k == "scheduling_strategy"} or None
                           for opts, _ in placed("learner")]
         engine_places = placed("policy-engine")
-        # The engines, replicas, learner and replay shards load their models at the same time.
+        # The engines, replicas, learner and replay shards load their models at the same time, except where GPU
+        # processes may share a GPU (``shares_gpus``): then the engines start one by one, the replicas one by one,
+        # and the learner last (vLLM's profiling charges whatever else loads meanwhile to the engine profiled).
+        one_by_one = shares_gpus(plan)
         ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
         f_replay = pool.submit(open_replay, cfg, run_dir)
         f_engines = pool.submit(create_policy_engines, cfg.policy,
                                 weight_transfer_backend=engine_transfer_backend(cfg),
-                                placements=engine_places if plan.role("policy-engine")[0].group else None)
-        f_learner = pool.submit(create_learner_group, cfg, ckpt, learner_places)
+                                placements=engine_places if plan.role("policy-engine")[0].group else None,
+                                one_by_one=one_by_one)
+        if one_by_one:
+            f_engines.result()
+        f_learner = None if one_by_one else pool.submit(create_learner_group, cfg, ckpt, learner_places)
         f_replicas = None
         if Schedule.from_config(cfg.train).uses_synthetic:
             from actors.experience_model import start_replicas
@@ -305,7 +311,11 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
                 replica_places = placed("experience-replica")
                 in_groups = any(x.group for x in plan.role("experience-replica"))
                 f_replicas = pool.submit(start_replicas, cfg.experience_model,
-                                         placements=replica_places if in_groups else None)
+                                         placements=replica_places if in_groups else None, one_by_one=one_by_one)
+                if one_by_one:
+                    f_replicas.result()
+        if f_learner is None:
+            f_learner = pool.submit(create_learner_group, cfg, ckpt, learner_places)
         a.replay = f_replay.result()
         a.engines = f_engines.result()
         log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.resolved_dtype()})")

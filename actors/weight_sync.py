@@ -340,9 +340,9 @@ def served_dtype(engines: Sequence[ActorHandle], timeout_s: float) -> str:
 
 
 def sync_backend(cfg: DreamGymConfig) -> str:
-    """``object_store`` or ``nccl``: ``learner.weight_sync`` as ``dreamgym.placement.choose_weight_sync`` settles it
+    """``object_store`` or ``nccl``: ``learner.weight_sync`` as ``dreamgym.sync_choice.choose_weight_sync`` settles it
     (``auto`` by where the engines and the learner run)."""
-    from dreamgym.placement import choose_weight_sync
+    from dreamgym.sync_choice import choose_weight_sync
 
     le, e = cfg.learner, cfg.policy.engine
     return choose_weight_sync(le.weight_sync, e.device, le.device, le.num_gpus, e.num_gpus)

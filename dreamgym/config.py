@@ -359,7 +359,7 @@ class LearnerConfig(Section):
     """How engines receive new weights: through the Ray object store into vLLM's in-place reload
     (CPU), or NCCL broadcast through vLLM's weight-transfer API (GPU). ``auto``: NCCL when the engines are on CUDA
     and the learner has a GPU no engine can share (whole GPUs), else the object store; an explicit ``nccl`` that
-    cannot work is refused with the reason (``dreamgym.placement.choose_weight_sync``)."""
+    cannot work is refused with the reason (``dreamgym.sync_choice.choose_weight_sync``)."""
     sync_timeout_s: float = Field(default=300.0, gt=0.0)
     """A weight sync that takes longer raises, naming the engine and the version."""
     keep_checkpoints: int = Field(default=2, ge=1)
@@ -1175,7 +1175,7 @@ class DreamGymConfig(Section):
 
     @model_validator(mode="after")
     def _weight_sync_possible(self) -> DreamGymConfig:
-        from dreamgym.placement import choose_weight_sync
+        from dreamgym.sync_choice import choose_weight_sync
 
         le, e = self.learner, self.policy.engine
         try:  # an explicit learner.weight_sync that cannot work for this layout is refused here, with the reason

@@ -202,7 +202,7 @@ def _slots(plan: PlacementPlan) -> list[tuple[ActorPlan, float, int]]:
 def plan_memory(cfg: DreamGymConfig, plan: PlacementPlan, gpus: int, gpu_gib: float = DEFAULT_GPU_GIB,
                 facts_for: FactsFor = model_facts) -> MemoryPlan:
     """The memory plan of ``cfg`` laid out as ``plan`` on ``gpus`` GPUs of ``gpu_gib`` GiB each."""
-    from dreamgym.placement import choose_weight_sync
+    from dreamgym.sync_choice import choose_weight_sync
 
     mem = MemoryPlan(gpu_gib, [GpuMemory(i) for i in range(max(gpus, 0))])
     facts: dict[str, ModelFacts | None] = {}

@@ -42,7 +42,16 @@ class ModelFacts:
 
 
 def facts_from_config(cfg: dict[str, Any], name: str = "model") -> ModelFacts:
-    """``ModelFacts`` of an HF ``config.json`` mapping (a multimodal config's ``text_config`` if it has one)."""
+    """``ModelFacts`` of an HF ``config.json`` mapping (a multimodal config's ``text_config`` if it has one);
+    ``ValueError`` for a config without the Llama-family size fields."""
+    try:
+        return _facts(cfg, name)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the config.json of {name} lacks the sizes of a Llama-family decoder ({type(e).__name__}: "
+                         f"{e}); its memory is not estimated") from None
+
+
+def _facts(cfg: dict[str, Any], name: str) -> ModelFacts:
     c = cfg.get("text_config") or cfg
     h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
     heads = int(c["num_attention_heads"])

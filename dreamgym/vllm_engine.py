@@ -80,7 +80,11 @@ class VllmPolicy:
             kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
         from dreamgym.model_facts import context_problem, model_facts
 
-        if (problem := context_problem("policy.engine", e.max_model_len, model_facts(self.model_path))) is not None:
+        try:
+            problem = context_problem("policy.engine", e.max_model_len, model_facts(self.model_path))
+        except ValueError:
+            problem = None  # a config.json without Llama-family sizes: vLLM checks the length itself
+        if problem is not None:
             raise ConfigError(problem)  # vLLM's own refusal comes later, deep in its start-up
         self.dtype = e.resolved_dtype(self.model_path)
         """The concrete dtype served (``auto`` read from the checkpoint); weight syncs cast to it."""

@@ -14,7 +14,8 @@ from dreamgym.config import DreamGymConfig, load_config
 from dreamgym.errors import ConfigError
 from dreamgym.memory_plan import context_problems
 from dreamgym.models import build_tiny_model
-from dreamgym.placement import choose_weight_sync, plan_placement
+from dreamgym.placement import plan_placement
+from dreamgym.sync_choice import choose_weight_sync
 
 TESTS = Path(__file__).parent
 
@@ -134,3 +135,31 @@ def test_dry_run_prints_memory_per_gpu_and_refuses_a_plan_that_does_not_fit(tmp_
     assert dry_run(tight, 16, 2, 2, 80) == 2
     assert ("0.08 x 80 GiB = 6.4 GiB, less the bfloat16 weights 5.7 GiB and 1 GiB reserve, leaves -0.35 GiB of KV "
             "cache, less than one sequence of max_model_len 8192 (0.28 GiB)") in capsys.readouterr().out
+
+
+# -- roles sharing a GPU start one after another (issue 31, defect 5) ------------------------------------------------
+def test_processes_that_may_share_a_gpu_start_one_by_one_and_two_engines_that_cannot_fit_are_refused() -> None:
+    """gpu-check's one- and two-GPU runs share GPUs (fractions: engines, replica and learner start one by one in
+    ``actors.train_setup``); with a GPU each they start together. Two engines whose budgets add up past one GPU
+    are refused by the memory plan, with the sum."""
+    import sys
+
+    from dreamgym.memory_plan import plan_memory
+    from dreamgym.placement import shares_gpus
+
+    sys.path.insert(0, str(TESTS.parent / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    for gpus, shared in ((1, True), (2, True), (4, False)):
+        cmd = gpu_check.train_command(Path("/tmp/x"), gpus)
+        assert shares_gpus(plan_placement(load_config(None, cmd[cmd.index("train") + 1:]))) is shared, gpus
+    assert not shares_gpus(plan_placement(load_config(None, {})))  # CPU engines reserve no GPU
+    two = load_config(None, {"policy": {"model": "tiny", "num_engines": 2, "engine": {
+        "device": "cuda", "num_gpus": 0.5, "gpu_memory_utilization": 0.6}}, "learner": {"device": "cpu"},
+        "train": {"mode": "real"}})
+    plan = plan_placement(two)
+    assert shares_gpus(plan)
+    problems = plan_memory(two, plan, 1, gpu_gib=80).problems()
+    assert problems == ["GPU 0 holds policy-engine-0 48.0 + policy-engine-1 48.0 = 96.0 GiB, more than its 80 GiB"]
