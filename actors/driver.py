@@ -38,7 +38,7 @@ from actors.train_setup import (
     warm_start,
 )
 from dreamgym.config import DreamGymConfig, load_config, save_config
-from dreamgym.errors import ActorHungError, ConfigError, ReplayTimeoutError, TrainingFaultError
+from dreamgym.errors import ActorDiedStartingError, ActorHungError, ConfigError, ReplayTimeoutError, TrainingFaultError
 from dreamgym.eval_records import append_records, episode_records
 from dreamgym.experience.accounting import counts_from, rule_figures
 from dreamgym.guard import SimulatorCollapsedError, SimulatorGuard
@@ -581,7 +581,12 @@ class Run:
         curriculum_state = None
         if self.resumed_from is not None:
             _, curriculum_state = load_driver_state(self.resumed_from)
-        self.a = start_actors(cfg, self.run_dir, offline, self.resumed_from, curriculum_state, self.say)
+        try:
+            self.a = start_actors(cfg, self.run_dir, offline, self.resumed_from, curriculum_state, self.say)
+        except (ActorDiedStartingError, ray.exceptions.RayActorError) as e:
+            # An actor killed while the actors start (a soak found it: a replica killed during an automatic
+            # resume) is a fault like a death mid-run: recorded, and train.auto_resume starts the session again.
+            raise self.fault(f"an actor died while the run's actors started ({type(e).__name__}: {e})") from None
         if cfg.train.seed_replay and not st.replay_seeded and offline is not None:
             rep = seed_replay(self.a.replay, offline, cfg.replay.write_batch_size)
             st.replay_seeded = True

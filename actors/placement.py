@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from dreamgym.errors import ConfigError
+from dreamgym.errors import ActorDiedStartingError, ConfigError
 from dreamgym.placement import ActorPlan, PlacementPlan
 
 #: Seconds between lines on what is still pending while waiting for resources or placement groups.
@@ -146,7 +146,7 @@ def start_or_kill(handles: list[Any], refs: dict[Any, str], timeout_s: float, wh
 def wait_started(refs: dict[Any, str], timeout_s: float, what: str) -> list[Any]:
     """``ray.get`` the start calls of several actors within ``timeout_s``; raise naming the ones not up."""
     ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    failed = []
+    failed, died = [], 0
     results = {}
     for r in ready:
         try:
@@ -154,8 +154,11 @@ def wait_started(refs: dict[Any, str], timeout_s: float, what: str) -> list[Any]
         except Exception as e:
             cause = getattr(e, "cause", None) or e
             failed.append(f"{refs[r]}: {type(cause).__name__}: {cause}")
+            died += isinstance(e, ray.exceptions.RayActorError)  # ActorDiedError, ActorUnavailableError
     if pending:
         failed += [f"{refs[r]}: not up within {what} = {timeout_s:g} s" for r in pending]
+    if failed and died == len(failed):  # killed while starting, not refused by its config: a fault
+        raise ActorDiedStartingError("died while starting: " + "; ".join(failed))
     if failed:
         raise RuntimeError("; ".join(failed))
     return [results[r] for r in refs]

@@ -57,6 +57,11 @@ class TrainingFaultError(DreamGymError):
     stopped; the message names the part and the weight version, and how to resume from the last checkpoint."""
 
 
+class ActorDiedStartingError(TrainingFaultError):
+    """An actor of the run died while it started (killed, its node lost): a fault like a death mid-run, so
+    ``train.auto_resume`` starts the session again instead of the run ending with a traceback."""
+
+
 class ActorHungError(TrainingFaultError):
     """A call to an actor made no progress within its bound (``train.watchdog``): the actor is alive but stuck
     (a frozen process, a GPU kernel that never returns, a node behind a network partition). The message names

@@ -471,3 +471,35 @@ def test_sigterm_stops_the_run_and_leaves_no_process_behind(tmp_path: Path) -> N
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def test_an_actor_killed_while_starting_is_a_fault_and_a_refusal_is_not(ray_cluster) -> None:
+    """Found by the freeze soak (docs/reliability.md): a replica killed while an automatic resume started the
+    actors ended the run with a RuntimeError traceback. A start call whose actor died is a training fault
+    (``train.auto_resume`` starts the session again); a start the actor refused (its config) stays an error."""
+    import ray
+
+    from actors.placement import wait_started
+    from dreamgym.errors import ActorDiedStartingError, TrainingFaultError
+
+    @ray.remote(num_cpus=0)
+    class Starting:
+        def start(self, refuse: bool) -> str:
+            if refuse:
+                raise ValueError("max_model_len 4096 is longer than the model's context")
+            time.sleep(60)
+            return "up"
+
+    slow = Starting.remote()
+    ref = slow.start.remote(False)
+    time.sleep(2)  # the start call is running
+    ray.kill(slow)
+    with pytest.raises(ActorDiedStartingError, match="experience-replica-0") as died:
+        wait_started({ref: "experience-replica-0"}, 60, "experience_model.engine.start_timeout_s")
+    assert isinstance(died.value, TrainingFaultError)
+
+    refusing = Starting.remote()
+    with pytest.raises(RuntimeError, match="max_model_len 4096") as refused:
+        wait_started({refusing.start.remote(True): "policy-engine-0"}, 60, "policy.engine.start_timeout_s")
+    assert not isinstance(refused.value, TrainingFaultError)
+    ray.kill(refusing)
