@@ -367,8 +367,9 @@ class Run:
         got = self.collect(self.rollouts(tasks, "eval", t.eval.temperature, seed=self.state.iteration),
                            self.state.iteration, "eval")
         s = got.stats
-        append_records(self.run_dir, episode_records(got.trajectories, self.eval_tasks, policy="policy",
-                                                     sampling_seed=self.cfg.policy.engine.seed, **seeds))
+        episodes = episode_records(got.trajectories, self.eval_tasks, policy="policy",
+                                   sampling_seed=self.cfg.policy.engine.seed, **seeds)
+        append_records(self.run_dir, episodes)
         self.state.eval_transitions += int(s["steps"])
         seconds = time.perf_counter() - t0
         self.state.add_phase("eval", seconds, int(s["episodes"]), int(s["steps"]))
@@ -377,7 +378,7 @@ class Run:
                "success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "episodes": s["episodes"],
                "unparsable_rate": s["unparsable_rate"], "invalid_action_rate": s["invalid_action_rate"],
                "baseline_success_rate": b["success_rate"], "baseline_mean_reward": b["mean_reward"],
-               "seconds": seconds, "outcomes": episode_outcomes(got.trajectories)}
+               "seconds": seconds, "outcomes": episode_outcomes(episodes)}
         self.state.evals.append(rec)
         self.record("eval", self.state.iteration, **rec)
         self.progress.line(self.state.iteration, "eval",

@@ -89,10 +89,11 @@ def two_proportion_interval(p_before: float, n_before: int, p_after: float, n_af
     return Interval(p_after - p_before, _clip(b - a - half), _clip(b - a + half), "two-proportion", n_before, n_after)
 
 
-def episode_outcomes(trajectories: Iterable[Any]) -> list[list[Any]]:
-    """``[task_id, 0|1]`` per episode, sorted by task id: an evaluation's per-episode record (``outcomes``), which
+def episode_outcomes(records: Iterable[dict[str, Any]]) -> list[list[Any]]:
+    """``[task_id, 0|1]`` per episode, sorted by task id, from an evaluation's per-episode records
+    (``dreamgym.eval_records.episode_records``): the compact form kept in each eval record (``outcomes``), which
     lets two evaluations of the same tasks be compared pair by pair."""
-    return sorted([t.task.task_id, int(bool(t.success))] for t in trajectories)
+    return sorted([r["task_id"], int(bool(r["success"]))] for r in records)
 
 
 def _pairs(before: Sequence[Sequence[Any]], after: Sequence[Sequence[Any]]) -> tuple[list[bool], list[bool]] | None:
