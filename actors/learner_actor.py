@@ -101,12 +101,9 @@ class LearnerActor:
 
     def tokenise_gold(self, episodes: list[list[Any]]) -> list[Trajectory]:
         """Gold episodes (lists of transitions) as trajectories with the policy's token ids."""
-        from transformers import AutoTokenizer
-
         from learner.bc import tokenise_episode
 
-        tok = AutoTokenizer.from_pretrained(str(self.learner.model_path), local_files_only=True)
-        return [tokenise_episode(ep, tok, self.cfg.policy) for ep in episodes]
+        return [tokenise_episode(ep, self.learner.tokenizer, self.cfg.policy) for ep in episodes]
 
     def end_warm_start(self) -> int:
         """Drop the warm-start optimizer and count the cloned weights as a new version (engines must sync)."""

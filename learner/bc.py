@@ -131,15 +131,13 @@ def run_bc(step: Any, trajectories: Sequence[Trajectory], steps: int, batch_epis
 
 def save_policy(learner: Learner, out: str | Path) -> Path:
     """The learner's current policy as a plain HF folder (LoRA merged) that the engines and the learner load."""
-    from transformers import AutoTokenizer
-
     from learner.model import is_peft
 
     model = learner.model.merge_and_unload() if is_peft(learner.model) else learner.model
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(str(learner.model_path), local_files_only=True).save_pretrained(out)
+    learner.tokenizer.save_pretrained(out)
     gen = learner.model_path / "generation_config.json"
     if gen.is_file():
         (out / "generation_config.json").write_text(gen.read_text())

@@ -131,6 +131,8 @@ class Learner:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+        self.tokenizer = tok
+        """Held for the checkpoints: ``model_path`` may be a checkpoint that rotation deletes later in the run."""
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
         self.critic: Critic | None = None
         self._critic_seconds = 0.0
@@ -441,8 +443,6 @@ class Learner:
     # -- checkpoints (the format: ``learner.checkpoint``) -------------------------------------------------
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Write the full training state to ``directory`` (atomically; with FSDP, gathered to rank 0)."""
-        from transformers import AutoTokenizer
-
         directory = Path(directory)
         model_sd = optim_sd = None
         if self.cfg.fsdp:
@@ -464,8 +464,7 @@ class Learner:
                 self.model.save_pretrained(folder / checkpoint.ADAPTER_DIR, state_dict=model_sd)
             else:
                 self.model.save_pretrained(folder / checkpoint.MODEL_DIR, state_dict=model_sd)
-                tok = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
-                tok.save_pretrained(folder / checkpoint.MODEL_DIR)
+                self.tokenizer.save_pretrained(folder / checkpoint.MODEL_DIR)
             if self.critic is not None:
                 checkpoint.write_critic(folder, self.critic.state_dict())
 

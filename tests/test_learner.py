@@ -168,3 +168,28 @@ def test_resume_takes_exactly_the_same_next_step(tiny: Path, tmp_path: Path, ext
         for k in ("loss", "grad_norm", "lr", "kl_ref", "ratio_mean", "clip_frac"):
             assert ma[k] == mb[k], k
     assert b.version == version_a
+
+
+def test_a_resumed_learner_saves_after_rotation_deleted_the_checkpoint_it_came_from(tiny: Path, tmp_path: Path) -> None:
+    """A resumed run loads its weights from ``checkpoints/step-N/model``; ``learner.keep_checkpoints`` deletes that
+    folder a few iterations later, and every later checkpoint and the final policy folder must still be written."""
+    from learner.bc import save_policy
+    from learner.checkpoint import prune_checkpoints
+
+    cfg = _cfg()
+    root = tmp_path / "checkpoints"
+    a = Learner(cfg, tiny, seed=3)
+    a.step(random_groups(10))
+    first = a.save_checkpoint(root / "step-000001")
+    del a
+    b = Learner.from_checkpoint(cfg, first)
+    b.step(random_groups(11))
+    b.save_checkpoint(root / "step-000002")
+    assert prune_checkpoints(root, keep=1) == [first]
+    assert not first.exists()
+    b.step(random_groups(12))
+    third = b.save_checkpoint(root / "step-000003")
+    c = Learner.from_checkpoint(cfg, third)
+    assert c.version == b.version
+    out = save_policy(b, tmp_path / "final")
+    assert (out / "tokenizer_config.json").is_file()
