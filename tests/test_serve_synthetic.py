@@ -197,6 +197,8 @@ def test_bad_requests_get_one_clear_error_each(served: str) -> None:
         bad = {"task_id": "twx:coin/nope", "env": "twx:coin", "instruction": "x", "params": {}}
         r = requests.post(served + "/reset", headers=AUTH, json={"id": env_id, "task": bad}, timeout=30)
         assert r.status_code == 400 and "no initial state for task 'twx:coin/nope'" in r.json()["error"]
+        r = requests.post(served + "/reset", headers=AUTH, json={"id": env_id, "data_idx": 10_000}, timeout=30)
+        assert r.status_code == 400 and "data_idx=10000 is past the server's last task" in r.json()["error"]
     finally:
         requests.post(served + "/close", headers=AUTH, json={"id": env_id}, timeout=30)
     r = requests.post(served + "/step", headers=AUTH, json={"id": env_id, "action": "look around"}, timeout=30)

@@ -497,7 +497,11 @@ def _task_of(body: _ResetBody, pool: EnvPool) -> Task:
         if index is not None:
             if index < 0:
                 raise ApiError(422, f"POST /reset: {name}={index} must not be negative")
-            return pool.tasks(1, index, pool.cfg.split)[0]
+            found = pool.tasks(1, index, pool.cfg.split)
+            if not found:  # a finite task list (a synthetic server's offline tasks) ends somewhere
+                raise ApiError(400, f"POST /reset: {name}={index} is past the server's last task; GET /tasks lists "
+                                    "them", "EnvironmentSpecError")
+            return found[0]
     raise ApiError(422, "POST /reset: send 'task' (a task from GET /tasks) or a task index "
                         f"({', '.join(INDEX_FIELDS)})")
 
