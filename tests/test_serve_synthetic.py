@@ -224,6 +224,28 @@ def test_idle_sessions_are_closed_and_the_session_limit_holds(coin_data: Path) -
         assert client.post("/create").status_code == 200  # room again
 
 
+def test_eval_experience_model_scores_the_served_simulator(served: str, coin_data: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``eval-experience-model --simulator URL``: held-out real transitions (the test split) scored against the
+    served copy-top-1 simulator and the copy baseline over the same store: the two must agree on every metric
+    (the server retrieves from its own copy of the store, the baseline from the eval's)."""
+    import json
+
+    heldout = collect_coin(tmp_path / "test.parquet", "test", 6)
+    monkeypatch.setenv("DREAMGYM_ENV_TOKEN", TOKEN)
+    out = tmp_path / "eval.json"
+    assert main(["eval-experience-model", "--data", str(heldout), "--store", str(coin_data), "--simulator", served,
+                 "--out", str(out), "--run.out_dir", str(tmp_path / "runs")]) == 0
+    result = json.loads(out.read_text())
+    model, base = result["model"], result["copy_baseline"]
+    assert model["n"] == base["n"] == result["data"]["evaluated"] > 10 and model["invalid_rate"] == 0.0
+    for key in ("reward_acc", "done_acc", "success_acc", "exact", "token_f1"):
+        assert model[key] == base[key], key
+    assert result["data"]["backend"] == "served:copy" and result["data"]["simulator"]["transitions"] > 0
+    r = requests.post(served + "/predict", headers=AUTH, json={"env": "twx:coin", "state": 3}, timeout=30)
+    assert r.status_code == 422 and r.json()["error"] == "POST /predict: 'instruction' must be a string"
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--backend", "copy"], "serve-synthetic needs offline real transitions: --offline-data PATH.parquet"),
     (["--backend", "ray", "--offline-data", "DATA"], "experience_model.backend 'ray' is not one of copy"),

@@ -18,6 +18,8 @@ What a client sees per step is ``serve-env``'s reply; its ``info`` carries the e
 the step, ``attempts`` and ``retries``, ``valid`` / ``invalid_reason``. ``GET /metrics`` (``SyntheticMetrics``)
 is the simulator's health for a user watching from their own trainer. ``GET /`` speaks the ``dreamgym``
 protocol, so ``remote:dreamgym`` (``RemoteEnv``) and ``dreamgym train --train.mode real`` train against it.
+``POST /predict`` answers one query outside any session (``dreamgym.experience.served_simulator``: how
+``dreamgym eval-experience-model --simulator URL`` scores the served simulator on held-out transitions).
 
 Waits on the model are bounded by ``experience_model.request_timeout_s``; a backend that is down or too slow
 answers HTTP 503 naming it (``ExperienceBackendError`` is an ``EnvironmentUnavailableError``).
@@ -25,6 +27,7 @@ answers HTTP 503 naming it (``ExperienceBackendError`` is an ``EnvironmentUnavai
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from dreamgym.errors import ConfigError
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.retrieval import TransitionIndex
+from dreamgym.experience.schema import Prediction
 from dreamgym.experience.synthetic_env import SyntheticEnv, synthetic_env_from_index
 from dreamgym.types import StepResult
 
@@ -121,6 +125,25 @@ class SyntheticParts:
             self.model, self.index, self.imitates, max_steps=cfg.env.max_steps, use_retrieval=em.top_k > 0,
             top_k=em.top_k, state_max_chars=cfg.env.state_max_chars, similar_state_actions=em.similar_state_actions)
 
+    def predict(self, body: dict[str, Any]) -> Prediction:
+        """One prediction for a ``POST /predict`` body: retrieval from this server's store, its action space, its
+        model and rules (as a session's step in that state)."""
+        from dreamgym.envs.server import ApiError
+        from dreamgym.experience.served_simulator import query_from_wire
+
+        try:
+            q = query_from_wire(body)
+        except (ValueError, TypeError) as e:
+            raise ApiError(422, f"POST /predict: {e}") from None
+        if q.env not in (self.imitates, f"synthetic:{self.imitates}"):
+            raise ApiError(400, f"POST /predict: the query is for {q.env!r}; this server imitates {self.imitates!r}",
+                           "EnvironmentSpecError")
+        q.env = self.imitates
+        top_k = self.model.prompt.top_k
+        q.demonstrations = list(self.index(q.state, q.action, top_k)) if top_k > 0 else []
+        q.action_space = self.index.action_space()
+        return self.model.predict_one(q)
+
     def close(self) -> None:
         self.client.close()
 
@@ -159,7 +182,7 @@ def build_synthetic_app(cfg: DreamGymConfig, token: str | None = None, limits: L
                         parts: SyntheticParts | None = None) -> FastAPI:
     """``serve-env``'s app whose sessions are synthetic episodes, plus ``GET /metrics``. ``parts``: shared pieces
     already opened (default: ``open_synthetic(cfg)``); they are closed at app shutdown."""
-    from dreamgym.envs.server import build_app
+    from dreamgym.envs.server import _engine_call, build_app
 
     parts = parts or open_synthetic(cfg)
     em = cfg.experience_model
@@ -179,6 +202,10 @@ def build_synthetic_app(cfg: DreamGymConfig, token: str | None = None, limits: L
     @app.get("/metrics")
     def get_metrics() -> dict[str, Any]:
         return metrics.as_dict(pool)
+
+    @app.post("/predict")
+    def predict(body: dict[str, Any]) -> dict[str, Any]:
+        return dataclasses.asdict(_engine_call("POST /predict", lambda: parts.predict(body)))
 
     app.state.metrics = metrics
     return app
