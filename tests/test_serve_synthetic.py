@@ -262,6 +262,36 @@ def test_startup_errors_are_one_line(coin_data: Path, args: list[str], expected:
     assert err.startswith("dreamgym serve-synthetic: error: ") and expected in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_a_model_folder_served_on_vllm(coin_data: Path, tmp_path: Path) -> None:
+    """``--backend local``: a model folder (the tiny random Llama) on a vLLM engine in the server's process. Its
+    replies are not in the reply format, so each step is retried and ends as an invalid transition; the step's
+    info and ``/metrics`` say so, by reason, and the next episode starts cleanly."""
+    proc, url = start_synthetic(coin_data, tmp_path / "server.log", "--backend", "local", "--model", "tiny",
+                                "--experience_model.top_k", "1", "--experience_model.demo_state_max_chars", "300",
+                                "--experience_model.max_tokens", "16", "--experience_model.max_attempts", "2",
+                                "--experience_model.engine.kv_cache_gib", "0.25",
+                                "--experience_model.engine.dtype", "float32")
+    try:
+        env = RemoteEnv("dreamgym", url, timeout_s=120, token=TOKEN)
+        assert env.server_info["synthetic"]["backend"] == "local" and env.server_info["synthetic"]["model"] == "tiny"
+        for task in env.tasks(2):
+            obs = env.reset(task)
+            r = env.step(obs.admissible_actions[0])
+            assert r.done and not r.info["valid"] and r.info["truncated"] and r.reward == 0.0
+            assert r.info["attempts"] == 2 and r.info["retries"] == 1 and r.info["invalid_reason"]
+            assert len(r.info["demonstration_ids"]) == 1 and r.observation.state == obs.state
+        env.close()
+        m = requests.get(url + "/metrics", headers=AUTH, timeout=30).json()
+        assert m["steps"] == m["invalid_transitions"] == sum(m["invalid_transitions_by_reason"].values()) == 2
+        assert m["model"]["model_calls"] == sum(m["model"]["reasons"].values()) == 4 and m["model"]["retries"] == 2
+        assert m["model"]["completion_tokens"] > 0
+    finally:
+        stop_server(proc)
+
+
 # -- a peer trainer: `dreamgym train --train.mode real` whose "real" environment is the served simulator ----------
 
 
