@@ -140,7 +140,8 @@ def main() -> None:
     ap.add_argument("--model", default="copy-top-1", help="the model for --backend local/http")
     ap.add_argument("--em-overrides", default="", help="config overrides for both sides, one string "
                     "('--experience_model.max_tokens 32 ...')")
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/serve-synthetic-<date>.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default bench/results/serve-synthetic-<backend>-<date>.json)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +198,7 @@ def main() -> None:
         "goal_ratio": 0.8,
         "server_latency_s": metrics["latency_s"],
     }
-    out = Path(args.out or f"bench/results/serve-synthetic-{result['date']}.json")
+    out = Path(args.out or f"bench/results/serve-synthetic-{args.backend}-{result['date']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
