@@ -246,6 +246,41 @@ def test_eval_experience_model_scores_the_served_simulator(served: str, coin_dat
     assert r.status_code == 422 and r.json()["error"] == "POST /predict: 'instruction' must be a string"
 
 
+def test_http_backend_and_a_bounded_wait_on_the_model(coin_data: Path) -> None:
+    """``--backend http``: an OpenAI-compatible endpoint (a scripted one that copies the top demonstration) answers
+    a step with its reasoning; once it stalls past ``experience_model.request_timeout_s`` the step is one 503 that
+    names the endpoint, and the session goes on once the model answers again."""
+    from scripted_openai_server import ScriptedOpenAIServer
+    from test_train import _copy_top_demonstration
+
+    stall = threading.Event()
+
+    def reply(body: dict[str, Any]) -> str:
+        if stall.is_set():
+            time.sleep(2.0)
+        return _copy_top_demonstration(body)
+
+    with ScriptedOpenAIServer(reply) as llm:
+        cfg = validate_config({"env": {"name": "twx:coin", "max_steps": 8}, "train": {"offline_data": str(coin_data)},
+                               "experience_model": {"backend": "http", "url": llm.url, "top_k": 2,
+                                                    "max_attempts": 1, "request_timeout_s": 0.5}})
+        with TestClient(build_synthetic_app(cfg)) as client:
+            env_id = client.post("/create").json()["id"]
+            task = client.get("/tasks", params={"count": 1}).json()[0]
+            obs = client.post("/reset", json={"id": env_id, "task": task}).json()
+            action = next(a for a in obs["available_actions"] if a != "take coin")
+            r = client.post("/step", json={"id": env_id, "action": action})
+            assert r.status_code == 200 and r.json()["info"]["reasoning"] == "copied from the closest real transition"
+            stall.set()
+            t0 = time.monotonic()
+            r = client.post("/step", json={"id": env_id, "action": action})
+            assert r.status_code == 503 and r.json()["type"] == "EnvironmentUnavailableError"
+            assert f"lost the experience-model server at {llm.url}" in r.json()["error"]
+            assert time.monotonic() - t0 < 10  # bounded: the OpenAI client's timeout and its 2 retries
+            stall.clear()
+            assert client.post("/step", json={"id": env_id, "action": action}).status_code == 200
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--backend", "copy"], "serve-synthetic needs offline real transitions: --offline-data PATH.parquet"),
     (["--backend", "ray", "--offline-data", "DATA"], "experience_model.backend 'ray' is not one of copy"),
