@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -355,5 +356,25 @@ def test_train_real_mode_against_the_served_simulator(coin_data: Path, ray_clust
         m = requests.get(url + "/metrics", headers=AUTH, timeout=30).json()
         assert m["steps"] >= s["real_transitions"] and m["model"]["queries"] == m["steps"]
         assert m["sessions"]["live"] == 0
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_trl_grpo_trains_in_the_served_simulator(coin_data: Path, tmp_path: Path) -> None:
+    """The peer-trainer example: TRL's ``GRPOTrainer`` (CPU, tiny policy) takes 2 steps whose rewards come from
+    the served simulator over plain HTTP; every completion it scored is a step in ``/metrics``."""
+    pytest.importorskip("trl")
+    proc, url = start_synthetic(coin_data, tmp_path / "server.log")
+    try:
+        r = subprocess.run([sys.executable, "examples/trl_grpo_synthetic.py", "--url", url, "--token", TOKEN,
+                            "--model", "tiny", "--steps", "2", "--generations", "4"],
+                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=540)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        lines = r.stdout.strip().splitlines()
+        assert lines[0].startswith("8 prompts from ") and lines[0].endswith("(synthetic:twx:coin)")
+        assert [x.split(":")[0] for x in lines if x.startswith("step ")] == ["step 1", "step 2"]
+        assert lines[-1].startswith("trained 2 GRPO steps; the simulator served 8 steps")  # 2 steps x 4 completions
     finally:
         stop_server(proc)
