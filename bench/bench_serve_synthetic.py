@@ -20,7 +20,8 @@ JSON only says whether they were equal).
     .venv/bin/python bench/bench_serve_synthetic.py [--sessions 16 --steps 150 --episodes 60]
     .venv/bin/python bench/bench_serve_synthetic.py --backend local --model tiny --steps 10 --em-overrides \
         "--experience_model.max_tokens 32 --experience_model.max_attempts 1 --experience_model.top_k 1 \
-         --experience_model.demo_state_max_chars 300 --experience_model.engine.kv_cache_gib 0.25"
+         --experience_model.demo_state_max_chars 300 --experience_model.engine.kv_cache_gib 0.25 \
+         --experience_model.engine.max_model_len 2048"
 """
 
 from __future__ import annotations

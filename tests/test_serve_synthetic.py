@@ -310,6 +310,7 @@ def test_a_model_folder_served_on_vllm(coin_data: Path, tmp_path: Path) -> None:
                                 "--experience_model.top_k", "1", "--experience_model.demo_state_max_chars", "300",
                                 "--experience_model.max_tokens", "16", "--experience_model.max_attempts", "2",
                                 "--experience_model.engine.kv_cache_gib", "0.25",
+                                "--experience_model.engine.max_model_len", "2048",
                                 "--experience_model.engine.dtype", "float32")
     try:
         env = RemoteEnv("dreamgym", url, timeout_s=120, token=TOKEN)
@@ -329,6 +330,21 @@ def test_a_model_folder_served_on_vllm(coin_data: Path, tmp_path: Path) -> None:
         stop_server(proc)
 
 
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_an_engine_that_cannot_start_is_one_line(coin_data: Path) -> None:
+    """A model folder the engine refuses (a context longer than the model's) fails before the server listens, in one
+    line that says why, not vLLM's traceback."""
+    r = subprocess.run([str(DREAMGYM), "serve-synthetic", "--offline-data", str(coin_data), "--backend", "local",
+                        "--model", "tiny", "--experience_model.engine.max_model_len", "4096",
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=240)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert last.startswith("dreamgym serve-synthetic: error: serve-synthetic: the experience model (local: tiny) did "
+                           "not start: ValidationError: ") and "max_model_len (4096) is greater than" in last, last
+
+
 # -- a peer trainer: `dreamgym train --train.mode real` whose "real" environment is the served simulator ----------
 
 
@@ -336,9 +352,11 @@ def test_a_model_folder_served_on_vllm(coin_data: Path, tmp_path: Path) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(900)
 def test_train_real_mode_against_the_served_simulator(coin_data: Path, ray_cluster, tmp_path: Path) -> None:
-    """The project's own trainer as a peer: GRPO with learner steps against the synthetic environment served by a
-    second process, reached through ``remote:dreamgym``. Every step it took is in ``/metrics``, and every session
-    it opened is closed. (No token: a token given in the config reaches the actors of an already running Ray only
+    """The project's own trainer as a peer: real-mode training with learner steps against the synthetic environment
+    served by a second process, reached through ``remote:dreamgym``. Every step it took is in ``/metrics``, and
+    every session it opened is closed. PPO with groups of one (as ``test_train.test_ppo_trains_in_every_mode``):
+    the tiny random policy earns no reward, so GRPO groups would have no variance and no learner step; the
+    critic's step always runs. (No token: a token given in the config reaches the actors of an already running Ray only
     through ``DREAMGYM_ENV_TOKEN`` in the workers' environment, and this cluster started before the test.)"""
     from test_train import tiny_config
 
@@ -349,9 +367,10 @@ def test_train_real_mode_against_the_served_simulator(coin_data: Path, ray_clust
         cfg = validate_config(tiny_config(
             tmp_path, env={"name": "remote:dreamgym", "url": url, "max_steps": 4},
             collect={"episodes": 0},
-            curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
-            train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"}, "eval": {"tasks": 2},
-                   "rollout": {"envs_per_worker": 3}}))
+            learner={"algorithm": "ppo", "group_size": 1},
+            curriculum={"seed_tasks": 4, "tasks_per_iteration": 4, "llm_variants": 0, "param_variants": 0},
+            train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
+                   "eval": {"at_start": False, "tasks": 2}, "rollout": {"envs_per_worker": 4}}))
         s = run_train(cfg)
         assert s["iterations"] == 2 and s["learner_steps"] == 2 and s["real_transitions"] > 0
         assert s["synthetic_transitions"] == 0

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dreamgym.errors import ConfigError
+from dreamgym.errors import ConfigError, DreamGymError, EnvironmentUnavailableError
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.retrieval import TransitionIndex
@@ -173,7 +173,14 @@ def open_synthetic(cfg: DreamGymConfig) -> SyntheticParts:
         envs = ", ".join(summarise(data)["envs"]) or "none"
         raise ConfigError(f"serve-synthetic: {data} holds no transitions of {spec!r} (env.name); its rows are of: "
                           f"{envs}. Set --env to one of them")
-    client = open_client(em)
+    try:
+        client = open_client(em)
+    except DreamGymError:
+        raise
+    except Exception as e:  # an engine that cannot start (a model longer than its context, no memory...): one line
+        detail = " ".join(str(e).split())[:600]
+        raise EnvironmentUnavailableError(f"serve-synthetic: the experience model ({em.backend}: {em.model}) did not "
+                                          f"start: {type(e).__name__}: {detail}") from None
     return SyntheticParts(index=index, client=client, model=build_model(em, client, cfg.env.state_max_chars),
                           imitates=spec)
 
