@@ -25,6 +25,9 @@ SHORTCUTS: dict[str, dict[str, str]] = {
         "--address": "ray.address",
     },
     "serve-env": {"--env": "env.name"},
+    "serve-synthetic": {"--env": "env.name", "--offline-data": "train.offline_data",
+                        "--backend": "experience_model.backend", "--model": "experience_model.model",
+                        "--url": "experience_model.url"},
     "config": {"--env": "env.name"},
     "tasks": {"--env": "env.name", "--task-file": "curriculum.task_file", "--count": "curriculum.seed_tasks"},
     "seed-replay": {"--path": "replay.path", "--shards": "replay.shards", "--backend": "replay.backend",
@@ -39,7 +42,8 @@ SHORTCUTS: dict[str, dict[str, str]] = {
     "eval-experience-model": {"--data": "experience_model.eval.data", "--model": "experience_model.model",
                               "--store": "experience_model.eval.store", "--backend": "experience_model.backend",
                               "--url": "experience_model.url", "--limit": "experience_model.eval.limit",
-                              "--out": "experience_model.eval.out", "--address": "ray.address"},
+                              "--out": "experience_model.eval.out", "--address": "ray.address",
+                              "--simulator": "experience_model.eval.simulator_url"},
     "train": {"--env": "env.name", "--mode": "train.mode", "--iterations": "train.iterations",
               "--address": "ray.address", "--offline-data": "train.offline_data",
               "--warm-start": "train.warm_start.method"},
@@ -57,6 +61,22 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
     p.epilog = "Any config field can be overridden with --section.field VALUE (see `dreamgym config --explain`)."
 
 
+def _add_server_flags(p: argparse.ArgumentParser, port: int) -> None:
+    """Where an environment server listens and what it admits (``serve-env`` and ``serve-synthetic``)."""
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1: this machine only; for others set a token too)")
+    p.add_argument("--port", type=int, default=port, help=f"port to bind (default {port})")
+    p.add_argument("--token", default=None,
+                   help="require 'Authorization: Bearer TOKEN' on every request (default: DREAMGYM_SERVE_ENV_TOKEN "
+                        "or serve_env_token in the secrets file; the env var keeps it out of `ps`)")
+    p.add_argument("--max-sessions", type=int, default=256, metavar="N",
+                   help="environments (sessions) open at once; POST /create past it answers 429 (default 256)")
+    p.add_argument("--session-timeout-s", type=float, default=1800.0, metavar="S",
+                   help="close a session with no request for S seconds (default 1800; 0: never)")
+    p.add_argument("--max-request-kb", type=int, default=64, metavar="KB",
+                   help="largest request body in KiB; larger ones answer 413 (default 64)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dreamgym",
@@ -69,12 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve-env", help="serve a local environment over HTTP (AgentGym-style protocol)")
     _add_common(p, "serve-env")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to bind (default 127.0.0.1: this machine only; for others set a token too)")
-    p.add_argument("--port", type=int, default=36001, help="port to bind (default 36001)")
-    p.add_argument("--token", default=None,
-                   help="require 'Authorization: Bearer TOKEN' on every request (default: DREAMGYM_SERVE_ENV_TOKEN "
-                        "or serve_env_token in the secrets file; the env var keeps it out of `ps`)")
+    _add_server_flags(p, 36001)
+
+    p = sub.add_parser("serve-synthetic",
+                       help="serve the synthetic environment (experience model + retrieval over offline transitions) "
+                            "over HTTP, so any trainer can train in it (AgentGym-style protocol, GET /metrics)")
+    _add_common(p, "serve-synthetic")
+    _add_server_flags(p, 36002)
 
     p = sub.add_parser("envs", help="list environment families and their names")
 
@@ -153,6 +174,7 @@ COMMANDS: dict[str, str] = {
     "collect": "dreamgym.commands.data:cmd_collect",
     "seed-replay": "dreamgym.commands.data:cmd_seed_replay",
     "serve-env": "dreamgym.commands.setup:cmd_serve_env",
+    "serve-synthetic": "dreamgym.commands.setup:cmd_serve_synthetic",
     "envs": "dreamgym.commands.setup:cmd_envs",
     "config": "dreamgym.commands.setup:cmd_config",
     "inspect-data": "dreamgym.commands.setup:cmd_inspect_data",

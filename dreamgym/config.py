@@ -701,6 +701,17 @@ class ExperienceEvalConfig(Section):
     """Queries per predict call (sent concurrently)."""
     step_budget: int | None = Field(default=20, ge=1)
     """Step budget of the held-out episodes (a truncation ``done`` is scored as not done)."""
+    simulator_url: str | None = None
+    """Score a served simulator (``dreamgym serve-synthetic`` at this URL, e.g. ``http://127.0.0.1:36002``)
+    instead of ``experience_model.model``: each held-out query goes to its ``POST /predict`` without
+    demonstrations (it retrieves from its own store). Its token is ``env.token`` / ``DREAMGYM_ENV_TOKEN``."""
+
+    @field_validator("simulator_url")
+    @classmethod
+    def _simulator_url_shape(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http(s) URL such as 'http://127.0.0.1:36002', got {v!r}")
+        return v
 
 
 class ExperienceModelConfig(Section):

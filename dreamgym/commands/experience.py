@@ -68,6 +68,8 @@ def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
     opts = prompt_options(em, cfg.env.state_max_chars)
     client = None
     model = None
+    if e.simulator_url:
+        return _eval_served(cfg, run_dir, opts)
     if em.model != "none":
         if em.backend == "ray":
             from actors.cluster import connect
@@ -125,3 +127,29 @@ def cmd_eval_experience_model(args: argparse.Namespace, overrides: list[str]) ->
               f"reasons {st['reasons']}")
     print(f"JSON: {result['json']}")
     return 0
+
+
+def _eval_served(cfg: DreamGymConfig, run_dir: Path, opts: Any) -> tuple[dict[str, Any], str]:
+    """``run_eval`` for a served simulator (``experience_model.eval.simulator_url``): the same held-out items and
+    copy baseline, the simulator's predictions from its ``POST /predict``."""
+    from dreamgym.experience.evaluate import evaluate, format_table
+    from dreamgym.experience.served_simulator import ServedSimulator
+    from dreamgym.secrets import resolve
+
+    e = cfg.experience_model.eval
+    assert e.simulator_url is not None
+    sim = ServedSimulator(e.simulator_url, resolve(cfg.env.token, "env.token"),
+                          timeout_s=cfg.experience_model.request_timeout_s, concurrency=e.batch_size)
+    try:
+        result = evaluate(e.data, e.store, opts, sim.predict, limit=e.limit, step_budget=e.step_budget,
+                          seed=cfg.run.seed, batch_size=e.batch_size)
+    finally:
+        sim.close()
+    result["data"].update(model=f"served simulator at {e.simulator_url} ({sim.about.get('model')})",
+                          backend=f"served:{sim.about.get('backend')}", simulator=sim.about)
+    out = Path(e.out) if e.out else run_dir / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    result["json"] = str(out)
+    result["run_dir"] = str(run_dir)
+    return result, format_table(result)

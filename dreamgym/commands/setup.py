@@ -1,12 +1,16 @@
-"""``dreamgym config``, ``envs``, ``tasks``, ``prepare-models``, ``inspect-data`` and ``serve-env``: the
-library alone (no Ray, no torch)."""
+"""``dreamgym config``, ``envs``, ``tasks``, ``prepare-models``, ``inspect-data``, ``serve-env`` and
+``serve-synthetic``: the library alone (no Ray, no torch; ``serve-synthetic --backend local`` starts vLLM)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from dreamgym.config import load_config
+
+if TYPE_CHECKING:
+    from dreamgym.envs.server import Limits
 
 
 def cmd_config(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -69,14 +73,36 @@ def cmd_inspect_data(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def cmd_serve_env(args: argparse.Namespace, overrides: list[str]) -> int:
-    cfg = load_config(args.config, overrides)
-    from dreamgym.envs.server import serve
+def _server_options(args: argparse.Namespace, command: str) -> tuple[str | None, Limits]:
+    """The token (``--token``, else ``DREAMGYM_SERVE_ENV_TOKEN`` / the secrets file) and the limits of a server."""
+    from dreamgym.envs.server import Limits
     from dreamgym.errors import ConfigError
     from dreamgym.secrets import SERVE_ENV_TOKEN, lookup
 
     token = args.token if args.token is not None else lookup(SERVE_ENV_TOKEN)
     if token is not None and not token.strip():
-        raise ConfigError("serve-env: the token is empty; give a non-empty --token or DREAMGYM_SERVE_ENV_TOKEN")
-    serve(cfg.env, host=args.host, port=args.port, token=token)
+        raise ConfigError(f"{command}: the token is empty; give a non-empty --token or DREAMGYM_SERVE_ENV_TOKEN")
+    for flag, value, low in (("--max-sessions", args.max_sessions, 1), ("--max-request-kb", args.max_request_kb, 1),
+                             ("--session-timeout-s", args.session_timeout_s, 0)):
+        if value < low:
+            raise ConfigError(f"{command}: {flag} must be at least {low}, got {value:g}")
+    return token, Limits(max_envs=args.max_sessions, session_timeout_s=args.session_timeout_s or None,
+                         max_body_bytes=args.max_request_kb * 1024)
+
+
+def cmd_serve_env(args: argparse.Namespace, overrides: list[str]) -> int:
+    cfg = load_config(args.config, overrides)
+    from dreamgym.envs.server import serve
+
+    token, limits = _server_options(args, "serve-env")
+    serve(cfg.env, host=args.host, port=args.port, token=token, limits=limits)
+    return 0
+
+
+def cmd_serve_synthetic(args: argparse.Namespace, overrides: list[str]) -> int:
+    cfg = load_config(args.config, overrides)
+    from dreamgym.experience.serve import serve_synthetic
+
+    token, limits = _server_options(args, "serve-synthetic")
+    serve_synthetic(cfg, host=args.host, port=args.port, token=token, limits=limits)
     return 0

@@ -27,7 +27,17 @@ endpoint                 meaning
 
 Errors are JSON ``{"error": message, "type": class}`` with a 4xx status for the client's mistakes
 (unknown id 404, missing field or bad value 422, unknown task 400, step without an episode 409,
-too many instances 429) and 5xx for engine failures.
+body too large 413, too many instances 429) and 5xx for engine failures (503: the engine, or a synthetic
+environment's experience model, is unreachable or did not answer in time).
+
+Limits (``Limits``): at most ``max_envs`` live instances; an instance nobody touched for ``session_timeout_s``
+is closed (its id then answers 404 "unknown environment id ... closed after N s idle", which ``RemoteEnv``
+recovers from at its next reset); request bodies over ``max_body_bytes`` and actions over
+``MAX_ACTION_CHARS`` are refused before they reach the engine.
+
+The same app serves the synthetic environment (``dreamgym serve-synthetic``,
+``dreamgym.experience.serve``): ``build_app`` takes the instance factory, extra ``GET /`` facts and a step
+observer for its metrics.
 
 Concurrency: engines are not thread-safe, so each instance has its own lock and requests run in
 FastAPI's thread pool; different instances step in parallel, one instance serialises. A separate
@@ -37,6 +47,7 @@ disturbs a running episode.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hmac
@@ -45,19 +56,22 @@ import json
 import socket
 import sys
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.registry import make_env
 from dreamgym.envs.remote_dialects import PROTOCOL
 from dreamgym.errors import DreamGymError, EnvironmentSpecError, EnvironmentUnavailableError
-from dreamgym.types import Observation, Task
+from dreamgym.types import Observation, StepResult, Task
 
 if TYPE_CHECKING:
     from dreamgym.config import EnvConfig
@@ -67,6 +81,22 @@ T = TypeVar("T")
 
 #: Reset body fields that carry a task index, one per AgentGym server family.
 INDEX_FIELDS = ("data_idx", "game", "session_id", "idx")
+
+#: Longest action text ``POST /step`` accepts (an action is a command, not a document).
+MAX_ACTION_CHARS = 2_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server admits: shared by ``serve-env`` and ``serve-synthetic`` (their ``--max-sessions``,
+    ``--session-timeout-s`` and ``--max-request-kb``)."""
+
+    max_envs: int = 256
+    """Live instances (sessions) at once; ``POST /create`` past it answers 429."""
+    session_timeout_s: float | None = 1800.0
+    """An instance with no request for this long is closed (``None``: never)."""
+    max_body_bytes: int = 64 * 1024
+    """Largest request body; larger ones answer 413 before they are read."""
 
 
 class ApiError(Exception):
@@ -87,16 +117,22 @@ class _Slot:
     observation: Observation | None = None
     steps: int = 0
     done: bool = False
+    used: float = field(default_factory=time.monotonic)
+    """When a request last touched this instance (``EnvPool.reap``)."""
 
 
 class EnvPool:
-    """The adapter instances of one server, keyed by integer id."""
+    """The adapter instances of one server, keyed by integer id. ``make`` builds one instance (default: the
+    adapter of ``cfg``); ``session_timeout_s`` closes instances left idle (``reap``)."""
 
-    def __init__(self, cfg: EnvConfig, max_envs: int = 256) -> None:
+    def __init__(self, cfg: EnvConfig, max_envs: int = 256, make: Callable[[], Environment] | None = None,
+                 session_timeout_s: float | None = None) -> None:
         self.cfg = cfg
         self.max_envs = max_envs
+        self.session_timeout_s = session_timeout_s
+        self._make: Callable[[], Environment] = make or (lambda: make_env(cfg))
         # Built now so a wrong spec or wrong game parameters fail at startup, not at the first request.
-        self.catalog = make_env(cfg)
+        self.catalog = self._make()
         self.catalog_lock = threading.Lock()
         self.spec = self.catalog.spec
         try:  # start the engine once: a missing runtime or bad game parameters show now
@@ -105,28 +141,57 @@ class EnvPool:
             self.catalog.close()
             raise
         self._slots: dict[int, _Slot] = {}
+        self._expired: OrderedDict[int, float] = OrderedDict()
+        """Ids closed for idleness and how long they had been idle, so a late request learns why (bounded)."""
+        self.expired_total = 0
         self._lock = threading.Lock()
         self._next_id = 0
 
     def create(self) -> int:
+        self.reap()
         with self._lock:
             if len(self._slots) >= self.max_envs:
                 raise ApiError(429, f"this server holds {self.max_envs} environments already; "
                                     "POST /close the ones you no longer use")
             env_id, self._next_id = self._next_id, self._next_id + 1
-        slot = _Slot(env=make_env(self.cfg))  # outside the pool lock: engines can be slow to build
+        slot = _Slot(env=self._make())  # outside the pool lock: engines can be slow to build
         with self._lock:
             self._slots[env_id] = slot
         return env_id
 
     def get(self, env_id: int) -> _Slot:
+        self.reap()  # an instance idle past the timeout is gone, even if no sweep ran since
         with self._lock:
             slot = self._slots.get(env_id)
             live = sorted(self._slots)
+            idle = self._expired.get(env_id)
         if slot is None:
             shown = ", ".join(map(str, live[:20])) or "none"
-            raise ApiError(404, f"unknown environment id {env_id}; live ids: {shown} (POST /create makes one)")
+            why = (f": it was closed after {idle:.0f} s without a request (the server's --session-timeout-s)"
+                   if idle is not None else "")
+            raise ApiError(404, f"unknown environment id {env_id}{why}; live ids: {shown} (POST /create makes one)")
+        slot.used = time.monotonic()
         return slot
+
+    def reap(self) -> list[int]:
+        """Close the instances idle for longer than ``session_timeout_s`` (not one serving a request now);
+        returns their ids."""
+        if self.session_timeout_s is None:
+            return []
+        now = time.monotonic()
+        with self._lock:
+            stale = {i: s for i, s in self._slots.items()
+                     if now - s.used > self.session_timeout_s and not s.lock.locked()}
+            for i, s in stale.items():
+                del self._slots[i]
+                self._expired[i] = now - s.used
+            while len(self._expired) > 10_000:
+                self._expired.popitem(last=False)
+            self.expired_total += len(stale)
+        for s in stale.values():
+            with contextlib.suppress(Exception), s.lock:  # one failed close must not keep the others open
+                s.env.close()
+        return sorted(stale)
 
     def ids(self) -> list[int]:
         with self._lock:
@@ -165,7 +230,7 @@ class _IdBody(BaseModel):
 
 
 class _StepBody(_IdBody):
-    action: str
+    action: str = Field(max_length=MAX_ACTION_CHARS)
 
 
 class _ResetBody(_IdBody):
@@ -205,7 +270,7 @@ def _engine_call(where: str, fn: Callable[[], T]) -> T:
         raise
     except EnvironmentSpecError as e:
         raise ApiError(400, f"{where}: {e}", "EnvironmentSpecError") from None
-    except EnvironmentUnavailableError as e:
+    except EnvironmentUnavailableError as e:  # also the synthetic environment's experience model (503)
         raise ApiError(503, f"{where}: {e}", "EnvironmentUnavailableError") from None
     except DreamGymError as e:
         raise ApiError(400, f"{where}: {e}", type(e).__name__) from None
@@ -216,20 +281,38 @@ def _engine_call(where: str, fn: Callable[[], T]) -> T:
 # -- the app ----------------------------------------------------------------------------------
 
 
-def build_app(cfg: EnvConfig, max_envs: int = 256, token: str | None = None) -> FastAPI:
+def build_app(cfg: EnvConfig, max_envs: int | None = None, token: str | None = None, *, limits: Limits | None = None,
+              make: Callable[[], Environment] | None = None, about: dict[str, Any] | None = None,
+              on_step: Callable[[StepResult, float], None] | None = None,
+              on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     """The FastAPI app serving ``cfg``'s environment; its instances are closed at app shutdown.
 
-    ``token``: every request must carry ``Authorization: Bearer <token>``; others get HTTP 401."""
-    pool = EnvPool(cfg, max_envs=max_envs)
+    ``token``: every request must carry ``Authorization: Bearer <token>``; others get HTTP 401. ``limits``: see
+    ``Limits`` (``max_envs`` overrides its field). ``make``: builds one instance (default: ``cfg``'s adapter);
+    ``about``: extra facts for ``GET /``; ``on_step(result, seconds)``: called after every step that
+    succeeded; ``on_shutdown``: called after the instances are closed."""
+    limits = limits or Limits()
+    if max_envs is not None:
+        limits = dataclasses.replace(limits, max_envs=max_envs)
+    pool = EnvPool(cfg, max_envs=limits.max_envs, make=make, session_timeout_s=limits.session_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        pool.close_all()  # here, not after uvicorn returns: uvicorn re-raises SIGTERM on its way out
+        reaper = asyncio.create_task(_reap_forever(pool)) if limits.session_timeout_s is not None else None
+        try:
+            yield
+        finally:
+            if reaper is not None:
+                reaper.cancel()
+            pool.close_all()  # here, not after uvicorn returns: uvicorn re-raises SIGTERM on its way out
+            if on_shutdown is not None:
+                on_shutdown()
 
     app = FastAPI(title=f"dreamgym environment server: {pool.spec}", lifespan=lifespan)
     app.state.pool = pool
-    if token:
+    app.state.limits = limits
+    _limit_body(app, limits.max_body_bytes)
+    if token:  # added last: the outermost check, so a request without the token learns nothing else
         _require_token(app, token)
 
     @app.exception_handler(ApiError)
@@ -252,7 +335,8 @@ def build_app(cfg: EnvConfig, max_envs: int = 256, token: str | None = None) -> 
     def hello() -> dict[str, Any]:
         return {"ok": True, "protocol": PROTOCOL, "env": pool.spec, "split": cfg.split, "max_steps": cfg.max_steps,
                 "admissible_actions": cfg.admissible_actions, "state_rules": pool.catalog.state_rules,
-                "envs": len(pool.ids())}
+                "envs": len(pool.ids()), "max_envs": limits.max_envs, "session_timeout_s": limits.session_timeout_s,
+                **(about or {})}
 
     @app.get("/list_envs")
     def list_envs() -> list[int]:
@@ -285,8 +369,11 @@ def build_app(cfg: EnvConfig, max_envs: int = 256, token: str | None = None) -> 
             if slot.done:
                 raise ApiError(409, f"POST /step: the episode of environment {slot_id} has ended; POST /reset "
                                     "to start another")
+            t0 = time.perf_counter()
             result = _engine_call("POST /step", lambda: slot.env.step(body.action))
             slot.observation, slot.steps, slot.done = result.observation, slot.steps + 1, result.done
+        if on_step is not None:
+            on_step(result, time.perf_counter() - t0)
         return {**_observation_reply(slot_id, result.observation), "reward": float(result.reward),
                 "done": bool(result.done), "success": bool(result.success), "info": _jsonable(result.info)}
 
@@ -340,6 +427,35 @@ def build_app(cfg: EnvConfig, max_envs: int = 256, token: str | None = None) -> 
     return app
 
 
+async def _reap_forever(pool: EnvPool) -> None:
+    """Close idle instances now and then (also on every ``POST /create``), off the event loop."""
+    assert pool.session_timeout_s is not None
+    every = min(max(pool.session_timeout_s / 4, 0.5), 30.0)
+    while True:
+        await asyncio.sleep(every)
+        with contextlib.suppress(Exception):  # a failed sweep is retried at the next one
+            await run_in_threadpool(pool.reap)
+
+
+def _limit_body(app: FastAPI, max_bytes: int) -> None:
+    """Refuse bodies over ``max_bytes`` (HTTP 413) from their ``Content-Length``, before they are read; a body
+    without one (chunked) is refused too (411): every HTTP client library sends it for a JSON body."""
+
+    @app.middleware("http")
+    async def _check_size(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        length = request.headers.get("content-length")
+        where = f"{request.method} {request.url.path}"
+        if length is None:
+            if request.headers.get("transfer-encoding"):
+                return JSONResponse({"error": f"{where}: send the body with a Content-Length header (chunked bodies "
+                                              "are refused)", "type": "LengthRequired"}, status_code=411)
+        elif not length.isdigit() or int(length) > max_bytes:
+            return JSONResponse({"error": f"{where}: the body ({length} bytes) is over this server's limit of "
+                                          f"{max_bytes} bytes (--max-request-kb)", "type": "PayloadTooLarge"},
+                                status_code=413)
+        return await call_next(request)
+
+
 def _require_token(app: FastAPI, token: str) -> None:
     """Refuse every request without ``Authorization: Bearer <token>`` (HTTP 401, JSON error)."""
     expected = token.encode()
@@ -369,8 +485,10 @@ def _task_of(body: _ResetBody, pool: EnvPool) -> Task:
             task = Task.from_dict(body.task)
         except TypeError as e:
             raise ApiError(422, f"POST /reset: 'task' is not a task object ({e}); take one from GET /tasks") from None
-        # A client names tasks by its own spec (remote:dreamgym); any other family is another game.
-        if task.env != pool.spec and not task.env.startswith("remote:"):
+        # A client names tasks by its own spec (remote:dreamgym), a synthetic server's also by the spec it imitates
+        # (twx:coin, as in its offline data); any other family is another game.
+        ours = (pool.spec, getattr(pool.catalog, "imitated", pool.spec))
+        if task.env not in ours and not task.env.startswith("remote:"):
             raise ApiError(400, f"POST /reset: task {task.task_id!r} is for {task.env!r}; this server runs "
                                 f"{pool.spec!r}", "EnvironmentSpecError")
         return dataclasses.replace(task, env=pool.spec)
@@ -379,7 +497,11 @@ def _task_of(body: _ResetBody, pool: EnvPool) -> Task:
         if index is not None:
             if index < 0:
                 raise ApiError(422, f"POST /reset: {name}={index} must not be negative")
-            return pool.tasks(1, index, pool.cfg.split)[0]
+            found = pool.tasks(1, index, pool.cfg.split)
+            if not found:  # a finite task list (a synthetic server's offline tasks) ends somewhere
+                raise ApiError(400, f"POST /reset: {name}={index} is past the server's last task; GET /tasks lists "
+                                    "them", "EnvironmentSpecError")
+            return found[0]
     raise ApiError(422, "POST /reset: send 'task' (a task from GET /tasks) or a task index "
                         f"({', '.join(INDEX_FIELDS)})")
 
@@ -414,23 +536,29 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def serve(cfg: EnvConfig, host: str = "127.0.0.1", port: int = 36001, max_envs: int = 256,
-          token: str | None = None) -> None:
+def serve(cfg: EnvConfig, host: str = "127.0.0.1", port: int = 36001, max_envs: int | None = None,
+          token: str | None = None, limits: Limits | None = None) -> None:
     """Serve ``cfg``'s environment on ``host:port`` until interrupted (SIGINT/SIGTERM).
 
     The default host is the loopback interface: other machines reach the server only when told
     (``--host 0.0.0.0``), and then it should require a ``token``."""
+    run_app(lambda: build_app(cfg, max_envs=max_envs, token=token, limits=limits), host, port, token, "serve-env")
+
+
+def run_app(build: Callable[[], FastAPI], host: str, port: int, token: str | None, command: str) -> None:
+    """Bind ``host:port`` first (a busy port is one clear error), then build the app and serve it with uvicorn
+    until interrupted; prints one line once it listens."""
     import uvicorn
 
     sock = _bind(host, port)
     try:
-        app = build_app(cfg, max_envs=max_envs, token=token)
+        app = build()
         shown = f"[{host}]" if ":" in host else host
         auth = "token required" if token else "no token"
-        line = (f"dreamgym serve-env: serving {app.state.pool.spec} on http://{shown}:{port}, {auth} "
+        line = (f"dreamgym {command}: serving {app.state.pool.spec} on http://{shown}:{port}, {auth} "
                 f"(AgentGym protocol: POST /create /reset /step /close, GET /tasks /observation ...)")
         if not token and not _is_loopback(host):
-            print(f"dreamgym serve-env: warning: {host} is reachable from other machines and no token is set: "
+            print(f"dreamgym {command}: warning: {host} is reachable from other machines and no token is set: "
                   "anyone who reaches the port can drive the environment; set DREAMGYM_SERVE_ENV_TOKEN",
                   file=sys.stderr, flush=True)
 

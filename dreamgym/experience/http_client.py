@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dreamgym.errors import DreamGymError
+from dreamgym.errors import EnvironmentUnavailableError
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.schema import Completion, CompletionRequest
 
 
-class ExperienceBackendError(DreamGymError):
-    """The experience-model backend cannot be reached or keeps failing."""
+class ExperienceBackendError(EnvironmentUnavailableError):
+    """The experience-model backend cannot be reached or keeps failing: the synthetic environment is unavailable
+    (``dreamgym serve-synthetic`` answers it with HTTP 503, like a real environment's engine that is down)."""
 
 
 class OpenAIClient(ExperienceClient):

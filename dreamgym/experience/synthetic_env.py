@@ -7,7 +7,9 @@ Rollout code steps it exactly like a real environment. Each ``step(a_t)``:
 2. asks the experience model (reasoning, then ``s_{t+1}``, ``r``, done, success) with the task, the last
    ``H`` steps of history and the valid actions where known;
 3. returns a ``StepResult`` whose ``info`` says ``source='synthetic'``, whether the prediction is
-   ``valid``, the reasoning and the attempts spent.
+   ``valid``, the reasoning, the attempts and retries spent, whether a rule settled the step (``settled``) and
+   the retrieved demonstrations (``demonstrations``: how many; ``demonstration_ids`` and
+   ``demonstration_scores``: their point ids and similarities, most similar first).
 
 An invalid prediction (every attempt malformed) ends the episode with reward 0, no success,
 ``info['valid'] = False`` and the state unchanged: rollout code copies ``info['valid']`` into
@@ -76,7 +78,7 @@ class SyntheticEnv(Environment):
         self._valid: list[str] | None = None
         self._history: list[HistoryStep] = []
         self._done = True
-        self._last_demos = 0
+        self._last_demos: list[Demonstration] = []
         self._return = 0.0
 
     @property
@@ -136,7 +138,7 @@ class SyntheticEnv(Environment):
         demos = []
         if self.retrieve is not None and self.top_k > 0:
             demos = list(self.retrieve(self._state, action, self.top_k))
-        self._last_demos = len(demos)
+        self._last_demos = demos
         return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
             history=list(self._history), demonstrations=demos, admissible_actions=self._valid,
@@ -152,8 +154,10 @@ class SyntheticEnv(Environment):
         valid = valid_actions(self._valid, self._space())  # as the model's settle judged it
         admissible = None if valid is None else action in valid
         info = {"source": "synthetic", "valid": pred.valid, "invalid_reason": pred.invalid_reason,
-                "reasoning": pred.reasoning, "attempts": pred.attempts, "settled": pred.settled,
-                "admissible": admissible, "demonstrations": self._last_demos}
+                "reasoning": pred.reasoning, "attempts": pred.attempts, "retries": max(pred.attempts - 1, 0),
+                "settled": pred.settled, "admissible": admissible, "demonstrations": len(self._last_demos),
+                "demonstration_ids": [d.id for d in self._last_demos],
+                "demonstration_scores": [round(float(d.score), 4) for d in self._last_demos]}
         if not pred.valid:
             self._done = True
             info["truncated"] = True
