@@ -701,6 +701,10 @@ class ExperienceEvalConfig(Section):
     """Queries per predict call (sent concurrently)."""
     step_budget: int | None = Field(default=20, ge=1)
     """Step budget of the held-out episodes (a truncation ``done`` is scored as not done)."""
+    fidelity: bool = False
+    """Also score the model's first sampled reply (before retries and rules), the rules alone and copy-top-1
+    beside the model after the rules, on seen and unseen ``(s, a)`` (``dreamgym.experience.fidelity``). Every
+    query then goes to the model (ruled-out actions too; ``inadmissible`` is applied afterwards)."""
 
 
 class ExperienceModelConfig(Section):
