@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Fidelity before the rules (docs/results/fidelity-before-rules.md): for 3-room and 5-room coin, one experience
+# model fine-tuned per setting with the study's recipe (configs/study-cpu.yaml: 100 offline episodes of that map
+# size, mixed gold/random, 20 SFT steps on 80 examples), scored on LIMIT transitions of unseen test-seed maps:
+# the model's first reply (before retries and rules), the model after the rules, copy-top-1 and the rules alone,
+# on seen and unseen (s, a). About 35 min on a 2-core AVX2 CPU (two fine-tunes ~10 min each, two evaluations ~5
+# min each). Reruns skip what is already there. Result: bench/fidelity_json.py combines $D/eval-*rooms.json.
+set -euo pipefail
+D=${1:-runs/fidelity}
+OUT=${2:-bench/results/fidelity-coin-vm-$(date -u +%F).json}
+LIMIT=${LIMIT:-48}
+DG=${DG:-.venv/bin/dreamgym}
+PY=${PY:-.venv/bin/python}
+CFG=configs/study-cpu.yaml
+mkdir -p "$D"
+[ -f "$D/loadavg-start.txt" ] || cat /proc/loadavg > "$D/loadavg-start.txt"
+for m in 3 5; do
+  P="{numLocations: $m, includeDoors: 0}"
+  [ -f "$D/offline-${m}rooms.parquet" ] || $DG collect $CFG --env.params "$P" --collect.out "$D/offline-${m}rooms.parquet"
+  [ -f "$D/test-${m}rooms.parquet" ] || $DG collect $CFG --env.split test --env.params "$P" --collect.episodes 30 \
+      --collect.out "$D/test-${m}rooms.parquet"
+done
+for m in 3 5; do
+  [ -f "$D/model-${m}rooms/dreamgym_sft.json" ] || $DG train-experience-model $CFG \
+      --data "$D/offline-${m}rooms.parquet" --out "$D/model-${m}rooms" --experience_model.train.step_budget 10
+done
+for m in 3 5; do
+  [ -f "$D/eval-${m}rooms.json" ] || $DG eval-experience-model $CFG --data "$D/test-${m}rooms.parquet" \
+      --store "$D/offline-${m}rooms.parquet" --model "$D/model-${m}rooms" --backend local --limit "$LIMIT" \
+      --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true --out "$D/eval-${m}rooms.json"
+done
+$PY bench/fidelity_json.py "$D" --out "$OUT"
