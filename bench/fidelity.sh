@@ -3,8 +3,9 @@
 # model fine-tuned per setting with the study's recipe (configs/study-cpu.yaml: 100 offline episodes of that map
 # size, mixed gold/random, 20 SFT steps on 80 examples), scored on LIMIT transitions of unseen test-seed maps:
 # the model's first reply (before retries and rules), the model after the rules, copy-top-1 and the rules alone,
-# on seen and unseen (s, a). About 35 min on a 2-core AVX2 CPU (two fine-tunes ~10 min each, two evaluations ~5
-# min each). Reruns skip what is already there. Result: bench/fidelity_json.py combines $D/eval-*rooms.json.
+# on seen and unseen (s, a); then LIMIT_OFF queries with actions their state's admissible list rules out. About
+# 35 min on a 2-core AVX2 CPU (two fine-tunes ~10 min each, four evaluations 2-5 min each). Reruns skip what is
+# already there. bench/fidelity_json.py combines $D/eval-*.json into the result.
 set -euo pipefail
 D=${1:-runs/fidelity}
 OUT=${2:-bench/results/fidelity-coin-vm-$(date -u +%F).json}
@@ -27,6 +28,22 @@ done
 for m in 3 5; do
   [ -f "$D/eval-${m}rooms.json" ] || $DG eval-experience-model $CFG --data "$D/test-${m}rooms.parquet" \
       --store "$D/offline-${m}rooms.parquet" --model "$D/model-${m}rooms" --backend local --limit "$LIMIT" \
-      --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true --out "$D/eval-${m}rooms.json"
+      --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true --out "$D/eval-${m}rooms.json" \
+      --experience_model.engine.omp_threads 2 --experience_model.engine.cpu_binds "[]"  # alone on the machine
+done
+# Actions the state's admissible list rules out (what the rules settle in training; the collection above plays
+# none): LIMIT_OFF queries of test episodes played by bench/fidelity_offlist.py, if the run is still within
+# BUDGET_S seconds (the whole script shares one machine; 0 skips it).
+LIMIT_OFF=${LIMIT_OFF:-24}
+BUDGET_S=${BUDGET_S:-2100}
+for m in 3 5; do
+  [ "$LIMIT_OFF" -gt 0 ] && [ "$SECONDS" -lt "$BUDGET_S" ] || continue
+  [ -f "$D/offlist-${m}rooms.parquet" ] || $PY bench/fidelity_offlist.py --rooms $m --store "$D/offline-${m}rooms.parquet" \
+      --out "$D/offlist-${m}rooms.parquet"
+  [ -f "$D/eval-offlist-${m}rooms.json" ] || $DG eval-experience-model $CFG --data "$D/offlist-${m}rooms.parquet" \
+      --store "$D/offline-${m}rooms.parquet" --model "$D/model-${m}rooms" --backend local --limit "$LIMIT_OFF" \
+      --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true \
+      --out "$D/eval-offlist-${m}rooms.json" --experience_model.engine.omp_threads 2 \
+      --experience_model.engine.cpu_binds "[]"
 done
 $PY bench/fidelity_json.py "$D" --out "$OUT"

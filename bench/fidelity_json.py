@@ -3,7 +3,8 @@
 Per setting (3-room and 5-room coin): ``unseen`` and ``seen`` (and ``all``) ``(s, a)``, each with
 ``model_first_reply``, ``model_after_rules``, ``copy_top1`` and ``rules_only`` (``dreamgym.experience.fidelity``),
 each with ``next_state_exact``, ``next_state_f1``, ``reward_acc``, ``done_acc``, ``success_acc``, ``invalid_rate``
-and ``n``; beside them the data sizes, the fine-tune's summary and the model's call counts. At the top: machine,
+and ``n``; beside them the data sizes, the fine-tune's summary and the model's call counts; under ``offlist``
+the same on held-out steps whose action the admissible list rules out (``ruled_out``) and the rest. At the top: machine,
 date, load average (at the start of the script and now), seeds, model and SFT recipe.
 
     python bench/fidelity_json.py runs/fidelity --out bench/results/fidelity-coin-vm-2026-12-07.json
@@ -51,7 +52,19 @@ def setting(d: Path, rooms: int) -> dict[str, Any]:
                                         "tokens_per_s")},
         **{subset: ev["fidelity"][subset] for subset in ("unseen", "seen", "all")},
         "model_stats": ev.get("model_stats"), "model_seconds": ev["model"]["seconds"],
+        "offlist": offlist(d, rooms),
     }
+
+
+def offlist(d: Path, rooms: int) -> dict[str, Any] | None:
+    """The evaluation on held-out steps with actions the admissible list rules out (bench/fidelity_offlist.py)."""
+    path = d / f"eval-offlist-{rooms}rooms.json"
+    if not path.is_file():
+        return None
+    ev = json.loads(path.read_text())
+    return {"heldout": ev["data"]["heldout"], "heldout_transitions": ev["data"]["heldout_transitions"],
+            "evaluated": ev["data"]["evaluated"], "policy": "offlist (bench/fidelity_offlist.py, share 0.5)",
+            **ev["fidelity"], "model_stats": ev.get("model_stats")}
 
 
 def main() -> None:

@@ -514,6 +514,7 @@ def test_fidelity_scores_the_first_reply_apart_from_the_rules(tmp_path: Path) ->
     assert first["invalid_rate"] == 0.3333
     assert (after["next_state_exact"], after["reward_acc"], after["done_acc"], after["invalid_rate"]) == (1, 1, 1, 0)
     assert r["model"]["exact"] == 1.0  # the eval's model row is the outcome after the rules
+    assert (f["ruled_out"]["rules_only"]["n"], f["admissible"]["rules_only"]["next_state_exact"]) == (1, 0.5)
     # rules alone: the settled dance, and "nothing changes" is right for look
     assert (rules["next_state_exact"], rules["reward_acc"], rules["done_acc"]) == (0.6667, 0.6667, 0.6667)
     assert rules_only(ExperienceQuery(TOY_ENV, "Go.", HALL, "look", admissible_actions=None)).next_state == HALL

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamgym.experience.fidelity import fidelity_predictions
+from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.prompts import PromptOptions
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.schema import ExperienceQuery, HistoryStep, Prediction
@@ -212,8 +213,12 @@ FIDELITY_METRICS = (("next_state_exact", "exact"), ("next_state_f1", "token_f1")
 def fidelity_scores(items: Sequence[EvalItem], systems: dict[str, list[Prediction]],
                     step_budget: int | None) -> dict[str, dict[str, dict[str, Any]]]:
     """``{subset: {system: {next_state_exact, next_state_f1, reward_acc, done_acc, success_acc, invalid_rate, n}}}``
-    for the subsets ``unseen`` and ``seen`` ``(s, a)`` and ``all``."""
+    for the subsets ``unseen`` and ``seen`` ``(s, a)`` and ``all``; where some actions are outside their state's
+    admissible list, also ``ruled_out`` (the rules settle them) and ``admissible`` (the rest)."""
     subsets = {"unseen": [not it.seen for it in items], "seen": [it.seen for it in items], "all": [True] * len(items)}
+    ruled = [ExperienceModel.ruled_out(it.query) for it in items]
+    if any(ruled):
+        subsets.update(ruled_out=ruled, admissible=[not r for r in ruled])
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for subset, keep in subsets.items():
         out[subset] = {}
