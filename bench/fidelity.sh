@@ -13,19 +13,20 @@ LIMIT=${LIMIT:-48}
 DG=${DG:-.venv/bin/dreamgym}
 PY=${PY:-.venv/bin/python}
 CFG=configs/study-cpu.yaml
+ROOMS=${ROOMS:-"3 5"}  # the settings to run now (a shared machine may run them in separate turns)
 mkdir -p "$D"
 [ -f "$D/loadavg-start.txt" ] || cat /proc/loadavg > "$D/loadavg-start.txt"
-for m in 3 5; do
+for m in $ROOMS; do
   P="{numLocations: $m, includeDoors: 0}"
   [ -f "$D/offline-${m}rooms.parquet" ] || $DG collect $CFG --env.params "$P" --collect.out "$D/offline-${m}rooms.parquet"
   [ -f "$D/test-${m}rooms.parquet" ] || $DG collect $CFG --env.split test --env.params "$P" --collect.episodes 30 \
       --collect.out "$D/test-${m}rooms.parquet"
 done
-for m in 3 5; do
+for m in $ROOMS; do
   [ -f "$D/model-${m}rooms/dreamgym_sft.json" ] || $DG train-experience-model $CFG \
       --data "$D/offline-${m}rooms.parquet" --out "$D/model-${m}rooms" --experience_model.train.step_budget 10
 done
-for m in 3 5; do
+for m in $ROOMS; do
   [ -f "$D/eval-${m}rooms.json" ] || $DG eval-experience-model $CFG --data "$D/test-${m}rooms.parquet" \
       --store "$D/offline-${m}rooms.parquet" --model "$D/model-${m}rooms" --backend local --limit "$LIMIT" \
       --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true --out "$D/eval-${m}rooms.json" \
@@ -36,7 +37,7 @@ done
 # BUDGET_S seconds (the whole script shares one machine; 0 skips it).
 LIMIT_OFF=${LIMIT_OFF:-24}
 BUDGET_S=${BUDGET_S:-2100}
-for m in 3 5; do
+for m in $ROOMS; do
   [ "$LIMIT_OFF" -gt 0 ] && [ "$SECONDS" -lt "$BUDGET_S" ] || continue
   [ -f "$D/offlist-${m}rooms.parquet" ] || $PY bench/fidelity_offlist.py --rooms $m --store "$D/offline-${m}rooms.parquet" \
       --out "$D/offlist-${m}rooms.parquet"

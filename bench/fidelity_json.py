@@ -90,8 +90,12 @@ def main() -> None:
                   "sft_examples": cfg.experience_model.train.max_examples, "lr": cfg.experience_model.train.lr,
                   "temperature": cfg.experience_model.temperature, "max_attempts": cfg.experience_model.max_attempts,
                   "config": CONFIG},
-        "settings": {f"coin-{m}rooms": setting(args.dir, m) for m in ROOMS},
+        "settings": {f"coin-{m}rooms": setting(args.dir, m) for m in ROOMS
+                     if (args.dir / f"eval-{m}rooms.json").is_file()},
     }
+    missing = [m for m in ROOMS if f"coin-{m}rooms" not in result["settings"]]
+    if missing:
+        print(f"not evaluated yet (rerun bench/fidelity.sh): {missing} rooms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
