@@ -35,7 +35,7 @@ done
 # Actions the state's admissible list rules out (what the rules settle in training; the collection above plays
 # none): LIMIT_OFF queries of test episodes played by bench/fidelity_offlist.py, if the run is still within
 # BUDGET_S seconds (the whole script shares one machine; 0 skips it).
-LIMIT_OFF=${LIMIT_OFF:-24}
+LIMIT_OFF=${LIMIT_OFF:-16}
 BUDGET_S=${BUDGET_S:-2100}
 for m in $ROOMS; do
   [ "$LIMIT_OFF" -gt 0 ] && [ "$SECONDS" -lt "$BUDGET_S" ] || continue
