@@ -14,21 +14,26 @@ DG=${DG:-.venv/bin/dreamgym}
 PY=${PY:-.venv/bin/python}
 CFG=configs/study-cpu.yaml
 ROOMS=${ROOMS:-"3 5"}  # the settings to run now (a shared machine may run them in separate turns)
+TRAIN_ROOMS=${TRAIN_ROOMS:-}  # e.g. 3: every setting is scored with that map size's offline data and model (no own SFT)
 mkdir -p "$D"
 [ -f "$D/loadavg-start.txt" ] || cat /proc/loadavg > "$D/loadavg-start.txt"
 for m in $ROOMS; do
+  t=${TRAIN_ROOMS:-$m}
+  [ -f "$D/offline-${t}rooms.parquet" ] || $DG collect $CFG --env.params "{numLocations: $t, includeDoors: 0}" \
+      --collect.out "$D/offline-${t}rooms.parquet"
   P="{numLocations: $m, includeDoors: 0}"
-  [ -f "$D/offline-${m}rooms.parquet" ] || $DG collect $CFG --env.params "$P" --collect.out "$D/offline-${m}rooms.parquet"
   [ -f "$D/test-${m}rooms.parquet" ] || $DG collect $CFG --env.split test --env.params "$P" --collect.episodes 30 \
       --collect.out "$D/test-${m}rooms.parquet"
 done
 for m in $ROOMS; do
-  [ -f "$D/model-${m}rooms/dreamgym_sft.json" ] || $DG train-experience-model $CFG \
-      --data "$D/offline-${m}rooms.parquet" --out "$D/model-${m}rooms" --experience_model.train.step_budget 10
+  t=${TRAIN_ROOMS:-$m}
+  [ -f "$D/model-${t}rooms/dreamgym_sft.json" ] || $DG train-experience-model $CFG \
+      --data "$D/offline-${t}rooms.parquet" --out "$D/model-${t}rooms" --experience_model.train.step_budget 10
 done
 for m in $ROOMS; do
+  t=${TRAIN_ROOMS:-$m}
   [ -f "$D/eval-${m}rooms.json" ] || $DG eval-experience-model $CFG --data "$D/test-${m}rooms.parquet" \
-      --store "$D/offline-${m}rooms.parquet" --model "$D/model-${m}rooms" --backend local --limit "$LIMIT" \
+      --store "$D/offline-${t}rooms.parquet" --model "$D/model-${t}rooms" --backend local --limit "$LIMIT" \
       --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true --out "$D/eval-${m}rooms.json" \
       --experience_model.engine.omp_threads 2 --experience_model.engine.cpu_binds "[]"  # alone on the machine
 done
@@ -39,10 +44,11 @@ LIMIT_OFF=${LIMIT_OFF:-16}
 BUDGET_S=${BUDGET_S:-2100}
 for m in $ROOMS; do
   [ "$LIMIT_OFF" -gt 0 ] && [ "$SECONDS" -lt "$BUDGET_S" ] || continue
-  [ -f "$D/offlist-${m}rooms.parquet" ] || $PY bench/fidelity_offlist.py --rooms $m --store "$D/offline-${m}rooms.parquet" \
+  t=${TRAIN_ROOMS:-$m}
+  [ -f "$D/offlist-${m}rooms.parquet" ] || $PY bench/fidelity_offlist.py --rooms $m --store "$D/offline-${t}rooms.parquet" \
       --out "$D/offlist-${m}rooms.parquet"
   [ -f "$D/eval-offlist-${m}rooms.json" ] || $DG eval-experience-model $CFG --data "$D/offlist-${m}rooms.parquet" \
-      --store "$D/offline-${m}rooms.parquet" --model "$D/model-${m}rooms" --backend local --limit "$LIMIT_OFF" \
+      --store "$D/offline-${t}rooms.parquet" --model "$D/model-${t}rooms" --backend local --limit "$LIMIT_OFF" \
       --experience_model.eval.step_budget 10 --experience_model.eval.fidelity true \
       --out "$D/eval-offlist-${m}rooms.json" --experience_model.engine.omp_threads 2 \
       --experience_model.engine.cpu_binds "[]"

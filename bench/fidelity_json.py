@@ -37,10 +37,11 @@ def machine() -> dict[str, Any]:
 
 def setting(d: Path, rooms: int) -> dict[str, Any]:
     ev = json.loads((d / f"eval-{rooms}rooms.json").read_text())
-    sft = json.loads((d / f"model-{rooms}rooms" / "dreamgym_sft.json").read_text())["summary"]
     data = ev["data"]
+    sft = json.loads((Path(data["model"]) / "dreamgym_sft.json").read_text())["summary"]
     return {
         "env": "twx:coin", "params": {"numLocations": rooms, "includeDoors": 0},
+        "model": data["model"], "model_trained_on": data["store"],
         "data": {"offline_transitions": data["store_transitions"],
                  "offline_distinct_state_action": data["store_distinct"],
                  "heldout_transitions": data["heldout_transitions"], "evaluated": data["evaluated"],
