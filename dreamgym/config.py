@@ -701,6 +701,11 @@ class ExperienceEvalConfig(Section):
     """Queries per predict call (sent concurrently)."""
     step_budget: int | None = Field(default=20, ge=1)
     """Step budget of the held-out episodes (a truncation ``done`` is scored as not done)."""
+    fidelity: bool = False
+    """Also score the model's first sampled reply (before retries and rules), the rules alone and copy-top-1
+    beside the model after the rules, on seen and unseen ``(s, a)`` (``dreamgym.experience.fidelity``). Every
+    query then goes to the model (ruled-out actions too; ``inadmissible`` is applied afterwards)."""
+
     simulator_url: str | None = None
     """Score a served simulator (``dreamgym serve-synthetic`` at this URL, e.g. ``http://127.0.0.1:36002``)
     instead of ``experience_model.model``: each held-out query goes to its ``POST /predict`` without

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from experience_data import HALL, KITCHEN, TOY_ENV, controlled_rows, write_toy
+from experience_data import HALL, KITCHEN, TOY_ENV, controlled_rows, toy_row, write_toy
 
 from dreamgym.config import EngineConfig, ExperienceModelConfig, load_config
 from dreamgym.experience.http_client import ExperienceBackendError
@@ -216,6 +216,21 @@ def test_http_path_against_a_real_vllm_server(controlled: Controlled, tmp_path: 
         r = json.loads(out.read_text())
         assert r["model"]["n"] == 2 and r["model"]["invalid_rate"] == 0.5  # 'go north' valid, 'look' not
         assert r["model"]["exact"] == 0.5 and r["model_stats"]["invalid"] == 1
+
+        # Fidelity before the rules: an inadmissible 'dance' goes to the model too (its first reply is scored);
+        # after the rules it is the failure state, which the rules alone get right as well.
+        heldout = write_toy(tmp_path / "heldout.parquet", [*controlled_rows(),
+                            toy_row("e2", 0, HALL, "dance", "Invalid action.", 0.0, False, False)])
+        assert main(["eval-experience-model", "--data", str(heldout), "--store", str(controlled.data),
+                     "--backend", "http", "--url", url, "--model", "toy-em", "--out", str(out),
+                     "--experience_model.eval.fidelity", "true", "--experience_model.top_k", "1",
+                     "--experience_model.history_steps", "2", "--run.out_dir", str(tmp_path)]) == 0
+        assert "model_first_reply" in capsys.readouterr().out
+        r = json.loads(out.read_text())
+        f = r["fidelity"]["all"]
+        assert f["model_first_reply"]["next_state_exact"] == 0.3333  # 'go north' only
+        assert f["model_after_rules"]["next_state_exact"] == f["rules_only"]["next_state_exact"] == 0.6667
+        assert r["fidelity"]["unseen"]["copy_top1"]["n"] == 1 and r["model_stats"]["unsettled"] == 1
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, started above
         try:

@@ -481,6 +481,48 @@ def test_copy_baseline_and_a_copying_model_agree(coin: dict[str, Path]) -> None:
     assert token_f1("a b c", "a b d") == pytest.approx(2 / 3)
 
 
+def test_fidelity_scores_the_first_reply_apart_from_the_rules(tmp_path: Path) -> None:
+    """The first reply is what the model said (recorded while predicting); after the rules, retries and the reward
+    rule fixed it and the admissible list settled the inadmissible action; the rules alone get only that one."""
+    from dreamgym.experience.fidelity import rules_only
+
+    failure = "Invalid action."  # the toy family's failure state
+    store = write_toy(tmp_path / "store.parquet", [toy_row("s0", 0, HALL, "go north", KITCHEN, 1.0, True, True)])
+    heldout = write_toy(tmp_path / "heldout.parquet", [
+        toy_row("e0", 0, HALL, "go north", KITCHEN, 1.0, True, True),  # seen (s, a)
+        toy_row("e1", 0, HALL, "look", HALL, 0.0, False, False),  # unseen
+        toy_row("e2", 0, HALL, "dance", failure, 0.0, False, False)])  # unseen, not in the admissible list
+    unpaid_win = format_reply(KITCHEN, 1.0, False, False, "paid but not done: the outcome rule refuses it")
+    replies = {"go north": [unpaid_win, VALID], "look": ["garbage", format_reply(HALL, 0.0, False, False, "x")],
+               "dance": [VALID]}
+    asked: dict[str, int] = {}
+
+    def fn(messages: list[Message], s: Sampling) -> str:
+        action = messages[-1]["content"].rsplit("Action: ", 1)[1].strip()
+        asked[action] = asked.get(action, 0) + 1
+        return replies[action][min(asked[action], len(replies[action])) - 1]
+
+    opts = PromptOptions(top_k=1, history_steps=2)
+    model = ExperienceModel(FunctionClient(fn), opts, inadmissible="model")
+    r = evaluate(heldout, store, opts, model.predict, fidelity=True)
+    f = r["fidelity"]
+    assert asked == {"go north": 2, "look": 2, "dance": 1}  # every query went to the model, once per attempt
+    assert (f["seen"]["copy_top1"]["n"], f["unseen"]["copy_top1"]["n"], f["all"]["rules_only"]["n"]) == (1, 2, 3)
+    first, after, rules = f["all"]["model_first_reply"], f["all"]["model_after_rules"], f["all"]["rules_only"]
+    # first replies: go north right state, wrong done; look unparsable; dance a made-up win
+    assert (first["next_state_exact"], first["reward_acc"], first["done_acc"]) == (0.3333, 0.3333, 0.0)
+    assert first["invalid_rate"] == 0.3333
+    assert (after["next_state_exact"], after["reward_acc"], after["done_acc"], after["invalid_rate"]) == (1, 1, 1, 0)
+    assert r["model"]["exact"] == 1.0  # the eval's model row is the outcome after the rules
+    assert (f["ruled_out"]["rules_only"]["n"], f["admissible"]["rules_only"]["next_state_exact"]) == (1, 0.5)
+    # rules alone: the settled dance, and "nothing changes" is right for look
+    assert (rules["next_state_exact"], rules["reward_acc"], rules["done_acc"]) == (0.6667, 0.6667, 0.6667)
+    assert rules_only(ExperienceQuery(TOY_ENV, "Go.", HALL, "look", admissible_actions=None)).next_state == HALL
+    # A settling model has no first reply for the ruled-out step: refused with what to set.
+    with pytest.raises(ValueError, match="inadmissible='model'"):
+        evaluate(heldout, store, opts, ExperienceModel(FunctionClient(fn), opts).predict, fidelity=True)
+
+
 def test_cli_annotate_and_eval_baseline(
     coin: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -58,7 +58,7 @@ def run_train(cfg: DreamGymConfig) -> dict[str, Any]:
 
 def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
     """Evaluate the configured model and the copy baseline; returns (result, table)."""
-    from dreamgym.experience.evaluate import evaluate, format_table
+    from dreamgym.experience.evaluate import evaluate, format_fidelity, format_table
     from dreamgym.experience.setup import build_model, prompt_options
 
     em, e = cfg.experience_model, cfg.experience_model.eval
@@ -81,10 +81,14 @@ def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
             from dreamgym.experience.backends import open_client
 
             client = open_client(em)
-        model = build_model(em, client, cfg.env.state_max_chars)
+        # Fidelity: every query goes to the model, so ruled-out actions get a first reply too; the rules are
+        # applied afterwards (model_after_rules), as settling would have before the call.
+        model = build_model(em.model_copy(update={"inadmissible": "model"}) if e.fidelity else em, client,
+                            cfg.env.state_max_chars)
     try:
         result = evaluate(e.data, e.store, opts, model.predict if model else None, limit=e.limit,
-                          step_budget=e.step_budget, seed=cfg.run.seed, batch_size=e.batch_size)
+                          step_budget=e.step_budget, seed=cfg.run.seed, batch_size=e.batch_size,
+                          fidelity=e.fidelity and model is not None)
     finally:
         if client is not None:
             client.close()
@@ -96,7 +100,10 @@ def run_eval(cfg: DreamGymConfig) -> tuple[dict[str, Any], str]:
     out.write_text(json.dumps(result, indent=1))
     result["json"] = str(out)
     result["run_dir"] = str(run_dir)
-    return result, format_table(result)
+    table = format_table(result)
+    if "fidelity" in result:
+        table += "\n\nfidelity (first reply: before retries and rules)\n" + format_fidelity(result["fidelity"])
+    return result, table
 
 
 def cmd_annotate(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -13,7 +13,9 @@ store (the training data). Metrics, over all transitions and over the *unseen* o
   share that did (a model that pays too often teaches the policy that success is easy);
 - ``transitions_per_s``: predictions per wall-clock second of the predict calls.
 
-The copy baseline predicts the top-1 demonstration's next state, reward, done and success.
+The copy baseline predicts the top-1 demonstration's next state, reward, done and success. With
+``fidelity`` the model's first replies and the rules alone are scored too, on seen and unseen ``(s, a)``
+(``dreamgym.experience.fidelity``).
 
 Labels: a ``done`` caused only by the collection's step budget (the last allowed step, no success) is
 not an environment event the model can see, so with ``step_budget`` set such labels count as not done
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dreamgym.experience.fidelity import fidelity_predictions
+from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.prompts import PromptOptions
 from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.schema import ExperienceQuery, HistoryStep, Prediction
@@ -85,15 +89,17 @@ def build_items(
     for eid, steps in episodes.items():
         steps.sort(key=lambda t: t.step)
         history: list[HistoryStep] = []
+        earned = 0.0
         for t in steps:
             exclude = eid if leave_episode_out else None
             demos = index.search(t.state, t.action, max(opts.top_k, 1), exclude_episode=exclude)
             q = ExperienceQuery(env=t.env, instruction=t.instruction, state=t.state, action=t.action,
                                 history=list(history), demonstrations=demos,
-                                admissible_actions=t.admissible_actions)
+                                admissible_actions=t.admissible_actions, reward_so_far=earned)
             stored = pair_episodes.get((t.state, t.action), set())
             items.append(EvalItem(t, q, bool(stored - {eid}) if leave_episode_out else bool(stored)))
             history.append(HistoryStep(action=t.action, state=t.next_state))
+            earned += t.reward
     return items
 
 
@@ -109,35 +115,37 @@ def copy_baseline(items: Sequence[EvalItem]) -> list[Prediction]:
     return out
 
 
+def metrics(pairs: Sequence[tuple[EvalItem, Prediction]], step_budget: int | None) -> dict[str, Any]:
+    """The metrics of the module docstring over ``(item, prediction)`` pairs (``{"n": 0}`` for none)."""
+    n = len(pairs)
+    if n == 0:
+        return {"n": 0}
+    acc: dict[str, float] = defaultdict(float)
+    for it, p in pairs:
+        t = it.transition
+        if not p.valid:
+            acc["invalid"] += 1
+            continue
+        acc["paid"] += p.reward > 0
+        acc["reward"] += abs(p.reward - t.reward) <= 1e-3
+        acc["done"] += p.done == done_label(t, step_budget)
+        acc["success"] += p.success == (t.success and t.done)
+        acc["exact"] += normalise(p.next_state) == normalise(t.next_state)
+        acc["f1"] += token_f1(p.next_state, t.next_state)
+    return {"n": n, "reward_acc": round(acc["reward"] / n, 4), "done_acc": round(acc["done"] / n, 4),
+            "success_acc": round(acc["success"] / n, 4), "exact": round(acc["exact"] / n, 4),
+            "token_f1": round(acc["f1"] / n, 4), "invalid_rate": round(acc["invalid"] / n, 4),
+            "reward_rate": round(acc["paid"] / n, 4),
+            "true_reward_rate": round(sum(it.transition.reward > 0 for it, _ in pairs) / n, 4)}
+
+
 def score(
     items: Sequence[EvalItem], preds: Sequence[Prediction], step_budget: int | None, seconds: float
 ) -> dict[str, Any]:
     """Metrics (module docstring) over all items and over the unseen ones."""
-    def block(pairs: list[tuple[EvalItem, Prediction]]) -> dict[str, Any]:
-        n = len(pairs)
-        if n == 0:
-            return {"n": 0}
-        acc: dict[str, float] = defaultdict(float)
-        for it, p in pairs:
-            t = it.transition
-            if not p.valid:
-                acc["invalid"] += 1
-                continue
-            acc["paid"] += p.reward > 0
-            acc["reward"] += abs(p.reward - t.reward) <= 1e-3
-            acc["done"] += p.done == done_label(t, step_budget)
-            acc["success"] += p.success == (t.success and t.done)
-            acc["exact"] += normalise(p.next_state) == normalise(t.next_state)
-            acc["f1"] += token_f1(p.next_state, t.next_state)
-        return {"n": n, "reward_acc": round(acc["reward"] / n, 4), "done_acc": round(acc["done"] / n, 4),
-                "success_acc": round(acc["success"] / n, 4), "exact": round(acc["exact"] / n, 4),
-                "token_f1": round(acc["f1"] / n, 4), "invalid_rate": round(acc["invalid"] / n, 4),
-                "reward_rate": round(acc["paid"] / n, 4),
-                "true_reward_rate": round(sum(it.transition.reward > 0 for it, _ in pairs) / n, 4)}
-
     pairs = list(zip(items, preds, strict=True))
-    result = block(pairs)
-    result["unseen"] = block([(it, p) for it, p in pairs if not it.seen])
+    result = metrics(pairs, step_budget)
+    result["unseen"] = metrics([(it, p) for it, p in pairs if not it.seen], step_budget)
     result["transitions_per_s"] = round(len(pairs) / seconds, 2) if seconds > 0 else None
     result["seconds"] = round(seconds, 3)
     return result
@@ -147,12 +155,15 @@ def evaluate(
     heldout: str | Path, store: str | Path | None, opts: PromptOptions,
     predict: Callable[[list[ExperienceQuery]], list[Prediction]] | None = None,
     limit: int | None = None, step_budget: int | None = 20, seed: int = 0, batch_size: int = 64,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, fidelity: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``predict`` (e.g. ``ExperienceModel.predict``) and the copy baseline on ``heldout``.
 
     ``store``: the transitions the demonstrations come from (the training data). ``None``: the held-out
     file itself, leaving each query's own episode out. ``limit``: a seeded sample of that many transitions.
+    ``fidelity``: also score the model's first replies, the rules alone and copy-top-1 beside the model after
+    the rules, on seen and unseen ``(s, a)`` (``fidelity_scores``); ``predict`` must then send every query to
+    the model (``ExperienceModel(inadmissible='model')``), and ``model`` is the outcome after the rules.
     """
     from dreamgym.data.transitions import iter_transitions
 
@@ -179,13 +190,56 @@ def evaluate(
             preds += predict(chunk)
             if progress:
                 progress(len(chunk))
-        result["model"] = score(items, preds, step_budget, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        if fidelity:
+            systems = fidelity_predictions([it.query for it in items], preds, base)
+            result["model"] = score(items, systems["model_after_rules"], step_budget, seconds)
+            result["fidelity"] = fidelity_scores(items, systems, step_budget)
+        else:
+            result["model"] = score(items, preds, step_budget, seconds)
         result["examples"] = [
             {"state": it.query.state[:160], "action": it.query.action, "truth": it.transition.next_state[:160],
              "pred": p.next_state[:160], "valid": p.valid, "reason": p.invalid_reason, "raw": p.raw[:300]}
             for it, p in list(zip(items, preds, strict=True))[:3]
         ]
     return result
+
+
+#: Names of the fidelity metrics (the world-model literature's) for ``metrics``' keys.
+FIDELITY_METRICS = (("next_state_exact", "exact"), ("next_state_f1", "token_f1"), ("reward_acc", "reward_acc"),
+                    ("done_acc", "done_acc"), ("success_acc", "success_acc"), ("invalid_rate", "invalid_rate"))
+
+
+def fidelity_scores(items: Sequence[EvalItem], systems: dict[str, list[Prediction]],
+                    step_budget: int | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{subset: {system: {next_state_exact, next_state_f1, reward_acc, done_acc, success_acc, invalid_rate, n}}}``
+    for the subsets ``unseen`` and ``seen`` ``(s, a)`` and ``all``; where some actions are outside their state's
+    admissible list, also ``ruled_out`` (the rules settle them) and ``admissible`` (the rest)."""
+    subsets = {"unseen": [not it.seen for it in items], "seen": [it.seen for it in items], "all": [True] * len(items)}
+    ruled = [ExperienceModel.ruled_out(it.query) for it in items]
+    if any(ruled):
+        subsets.update(ruled_out=ruled, admissible=[not r for r in ruled])
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for subset, keep in subsets.items():
+        out[subset] = {}
+        for name, preds in systems.items():
+            m = metrics([(it, p) for it, p, k in zip(items, preds, keep, strict=True) if k], step_budget)
+            out[subset][name] = {"n": m["n"], **{new: m[old] for new, old in FIDELITY_METRICS if old in m}}
+    return out
+
+
+def format_fidelity(scores: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """One line per subset and system: n, next-state exact and F1, reward, done, invalid."""
+    head = f"{'subset':<8}{'system':<20}{'n':>5}{'exact':>8}{'F1':>8}{'reward':>8}{'done':>8}{'invalid':>9}"
+    lines = [head, "-" * len(head)]
+    for subset, systems in scores.items():
+        for name, m in systems.items():
+            if not m["n"]:
+                lines.append(f"{subset:<8}{name:<20}{0:>5}")
+                continue
+            lines.append(f"{subset:<8}{name:<20}{m['n']:>5}{m['next_state_exact']:>8.3f}{m['next_state_f1']:>8.3f}"
+                         f"{m['reward_acc']:>8.3f}{m['done_acc']:>8.3f}{m['invalid_rate']:>9.3f}")
+    return "\n".join(lines)
 
 
 _COLS = (("reward_acc", "reward acc"), ("done_acc", "done acc"), ("success_acc", "success acc"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dreamgym.envs.reward_rules import EPS, reward_rule
 from dreamgym.experience.accounting import InvalidAccounting
@@ -71,6 +72,11 @@ class ExperienceModel:
         environment's action space) rules the action out, else None."""
         if self.inadmissible != "settle" or not self.ruled_out(q):
             return None
+        return self.failure_state(q)
+
+    @staticmethod
+    def failure_state(q: ExperienceQuery) -> Prediction:
+        """What the rules decide for an action they rule out: the family's failure state, reward 0, not done."""
         where = "in this state" if q.admissible_actions is not None else "of this environment"
         return Prediction(
             next_state=template_for(q.env).invalid_action_state, reward=0.0, done=False, success=False,
@@ -99,7 +105,7 @@ class ExperienceModel:
                 pending.append((i, build_messages(q, self.prompt), self.sampling))
         st.queries += len(queries)
         failed_once: set[int] = set()
-        first_reward: dict[int, float] = {}
+        first_reply: dict[int, Prediction] = {}
         attempt = 0
         with_query = self.client.reads_query
         try:
@@ -118,14 +124,15 @@ class ExperienceModel:
                     st.completion_tokens += reply.completion_tokens
                     pred, first = self._parse(reply, attempt, queries[i], st)
                     if first is not None:
-                        first_reward[i] = first
+                        first_reply[i] = first
+                    pred.first_reply = first_reply.get(i)
                     if pred.valid:
                         out[i] = pred
                         st.valid += 1
                         st.recovered += i in failed_once
-                        if i in first_reward:
+                        if pred.first_reply is not None and pred.first_reply.valid:
                             st.first_final += 1
-                            st.first_final_agree += abs(first_reward[i] - pred.reward) <= EPS
+                            st.first_final_agree += abs(pred.first_reply.reward - pred.reward) <= EPS
                         continue
                     failed_once.add(i)
                     st.reasons[pred.invalid_reason] += 1
@@ -142,14 +149,20 @@ class ExperienceModel:
         return [p for p in out if p is not None]
 
     def _parse(self, reply: Completion, attempt: int, q: ExperienceQuery,
-               st: InvalidAccounting) -> tuple[Prediction, float | None]:
-        """The prediction of one reply, and on the first attempt the reward of a reply that parsed (the model's
-        own answer, before retries and rules). The reward rule is always evaluated: it refuses the reply when
-        ``check_reward_rule`` is on, and is only counted (``rule_unenforced``) when it is off."""
+               st: InvalidAccounting) -> tuple[Prediction, Prediction | None]:
+        """The prediction of one reply, and on the first attempt that reply as parsed, reward rule not applied
+        (``Prediction.first_reply``: the model's own answer, before retries and rules; an unparsable one is an
+        invalid prediction). The reward rule is always evaluated: it refuses the reply when ``check_reward_rule``
+        is on, and is only counted (``rule_unenforced``) when it is off."""
         common = {"attempts": attempt, "raw": reply.text, "prompt_tokens": reply.prompt_tokens,
                   "completion_tokens": reply.completion_tokens}
+
+        def failed(reason: str) -> tuple[Prediction, Prediction | None]:
+            bad = Prediction("", 0.0, False, False, valid=False, invalid_reason=reason, **common)
+            return bad, (replace(bad) if attempt == 1 else None)
+
         if reply.finish_reason.startswith("error"):
-            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reply.finish_reason, **common), None
+            return failed(reply.finish_reason)
         try:
             p = parse_reply(reply.text, reasoning=self.prompt.reasoning,
                             reward_range=(self.prompt.reward_min, self.prompt.reward_max))
@@ -157,14 +170,15 @@ class ExperienceModel:
             reason = e.reason
             if reply.finish_reason == "length" and reason.startswith(("missing", "unclosed")):
                 reason = "truncated"
-            return Prediction("", 0.0, False, False, valid=False, invalid_reason=reason, **common), None
+            return failed(reason)
         broken = reward_rule(q.env).violation(p.reward, p.done, p.success, q.reward_so_far, self.prompt.reward_max)
+        parsed = Prediction(p.next_state, p.reward, p.done, p.success, reasoning=p.reasoning, **common)
         first = None
         if attempt == 1:
             st.first_parsed += 1
             st.first_rule_ok += broken is None
-            first = p.reward
+            first = replace(parsed)
         if broken is not None and self.check_reward_rule:
             return Prediction("", 0.0, False, False, valid=False, invalid_reason=broken, **common), first
         st.rule_unenforced += broken is not None
-        return Prediction(p.next_state, p.reward, p.done, p.success, reasoning=p.reasoning, **common), first
+        return parsed, first

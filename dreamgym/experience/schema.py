@@ -120,3 +120,7 @@ class Prediction:
     """The last raw reply (for debugging and the invalid-reply log)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    first_reply: Prediction | None = None
+    """The model's first sampled reply as parsed, before retries and the reward rule: what the model said on its
+    own (an unparsable one is an invalid ``Prediction`` with its reason). ``None`` when no model call was made
+    (a settled step). Fidelity evaluations score it beside the final prediction (``dreamgym.experience.fidelity``)."""
