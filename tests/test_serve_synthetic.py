@@ -421,14 +421,17 @@ def play_openenv(env: Any, task: Task, actions: list[str]) -> list[tuple[Any, ..
     out: list[tuple[Any, ...]] = [("reset", r.observation["state"], tuple(r.observation["available_actions"] or ()))]
     for a in actions:
         r = env.step({"action": a})
-        o = r.observation
-        o_info = o["info"]
-        out.append((a, o["state"], r.reward, r.done, o["success"], o_info["valid"], o_info["settled"],
-                    tuple(o_info["demonstration_ids"]), tuple(o_info["demonstration_scores"]),
-                    tuple(o["available_actions"] or ())))
+        out.append(openenv_row(a, r))
         if r.done:
             break
     return out
+
+
+def openenv_row(action: str, r: Any) -> tuple[Any, ...]:
+    """One OpenEnv step result in ``play``'s form."""
+    o, info = r.observation, r.observation["info"]
+    return (action, o["state"], r.reward, r.done, o["success"], info["valid"], info["settled"],
+            tuple(info["demonstration_ids"]), tuple(info["demonstration_scores"]), tuple(o["available_actions"] or ()))
 
 
 def test_openenv_client_plays_an_episode_to_done(open_url: str, local: Any, coin_data: Path) -> None:
@@ -476,13 +479,10 @@ def test_sixteen_concurrent_openenv_sessions_never_cross(open_url: str, local: A
             for _ in range(6):
                 actions.append(rng.choice(valid))
                 r = env.step({"action": actions[-1]})
-                o = r.observation
-                trace.append((actions[-1], o["state"], r.reward, r.done, o["success"], o["info"]["valid"],
-                              o["info"]["settled"], tuple(o["info"]["demonstration_ids"]),
-                              tuple(o["info"]["demonstration_scores"]), tuple(o["available_actions"] or ())))
+                trace.append(openenv_row(actions[-1], r))
                 if r.done:
                     break
-                valid = o["available_actions"] or valid
+                valid = r.observation["available_actions"] or valid
             assert env.state()["step_count"] == len(actions)
             return trace, actions
 
