@@ -1,5 +1,6 @@
 """`dreamgym serve-synthetic`: the synthetic environment served over HTTP, driven by the project's own AgentGym
-client (``RemoteEnv``, ``remote:dreamgym``) and by raw requests.
+client (``RemoteEnv``, ``remote:dreamgym``), by raw requests and, under ``/openenv``, by OpenEnv's own client
+(``GenericEnvClient``).
 
 Real components throughout: real twx:coin transitions collected here (TextWorldExpress), the real
 ``SyntheticEnv`` / ``ExperienceModel`` on the ``copy`` backend, the real server in a subprocess on loopback with a
@@ -23,6 +24,7 @@ import pytest
 import requests
 from experience_data import collect_coin
 from fastapi.testclient import TestClient
+from openenv.core import GenericEnvClient
 from test_remote_env import DREAMGYM, HOST, free_port, stop_server
 
 from dreamgym.cli import main
@@ -399,3 +401,124 @@ def test_trl_grpo_trains_in_the_served_simulator(coin_data: Path, tmp_path: Path
         assert lines[-1].startswith("trained 2 GRPO steps; the simulator served 8 steps")  # 2 steps x 4 completions
     finally:
         stop_server(proc)
+
+
+# -- the OpenEnv protocol (mounted under /openenv), driven by OpenEnv's own client ----------------------------
+
+@pytest.fixture(scope="module")
+def open_url(coin_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tokenless server (OpenEnv's client sends no headers): its URL."""
+    proc, url = start_synthetic(coin_data, tmp_path_factory.mktemp("openenv") / "server.log", token=None)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
+
+
+def play_openenv(env: Any, task: Task, actions: list[str]) -> list[tuple[Any, ...]]:
+    """``play`` through an OpenEnv client: what each step changed, in ``play``'s form."""
+    r = env.reset(task=task.to_dict())
+    out: list[tuple[Any, ...]] = [("reset", r.observation["state"], tuple(r.observation["available_actions"] or ()))]
+    for a in actions:
+        r = env.step({"action": a})
+        out.append(openenv_row(a, r))
+        if r.done:
+            break
+    return out
+
+
+def openenv_row(action: str, r: Any) -> tuple[Any, ...]:
+    """One OpenEnv step result in ``play``'s form."""
+    o, info = r.observation, r.observation["info"]
+    return (action, o["state"], r.reward, r.done, o["success"], info["valid"], info["settled"],
+            tuple(info["demonstration_ids"]), tuple(info["demonstration_scores"]), tuple(o["available_actions"] or ()))
+
+
+def test_openenv_client_plays_an_episode_to_done(open_url: str, local: Any, coin_data: Path) -> None:
+    """OpenEnv's client plays a winning real episode to done; every step equals the in-process environment's, the
+    info says what the simulator did, ``state()`` follows the episode, and the session is a pool instance counted
+    by ``/metrics`` (and gone once the client disconnects)."""
+    task_id, actions = winning_episode(coin_data)
+    task = next(t for t in local.index.tasks() if t.task_id == task_id)
+    with GenericEnvClient(base_url=open_url + "/openenv").sync() as env:
+        assert requests.get(open_url + "/list_envs", timeout=30).json() != []  # the session holds a pool instance
+        steps = play_openenv(env, task, actions)
+        assert steps == play(local.make(synthetic_config(coin_data)), task, actions)
+        assert steps[-1][2:5] == (1.0, True, True), "the copied real episode wins the coin"
+        state = env.state()
+        assert state["step_count"] == len(actions) and state["task_id"] == task_id
+        assert state["done"] and state["success"] and state["episode_id"]
+        r = env.reset(task_index=0, episode_id="mine")  # a task by index, as AgentGym's data_idx
+        assert r.observation["task"]["task_id"] == local.index.tasks()[0].task_id and not r.done
+        assert env.state() == {**env.state(), "episode_id": "mine", "step_count": 0, "done": False}
+        r = env.step({"action": "fly to the moon"})  # no real state accepts it: a rule settles it
+        assert r.observation["info"]["settled"] and r.reward == 0.0 and not r.done
+        with pytest.raises(RuntimeError, match="unknown argument"):
+            env.reset(task_idx=1)
+    m = requests.get(open_url + "/metrics", timeout=30).json()
+    assert m["steps"] == len(actions) + 1 and m["successes"] == 1 and m["rule_settled"] == 1
+    assert m["sessions"]["live"] == 0
+    schema = requests.get(open_url + "/openenv/schema", timeout=30).json()
+    assert schema["action"]["properties"]["action"]["maxLength"] == 2000
+
+
+def test_sixteen_concurrent_openenv_sessions_never_cross(open_url: str, local: Any, coin_data: Path) -> None:
+    """16 OpenEnv clients at once, each its own task and random valid actions; each trajectory equals the
+    in-process environment's for its own actions."""
+    tasks = local.index.tasks()[:16]
+    gate = threading.Barrier(16, timeout=60)
+
+    def session(i: int) -> tuple[list[tuple[Any, ...]], list[str]]:
+        rng, actions = random.Random(i), []
+        with GenericEnvClient(base_url=open_url + "/openenv").sync() as env:
+            gate.wait()
+            r = env.reset(task=tasks[i].to_dict())
+            trace: list[tuple[Any, ...]] = [("reset", r.observation["state"],
+                                             tuple(r.observation["available_actions"] or ()))]
+            valid = r.observation["available_actions"] or ["look around"]
+            for _ in range(6):
+                actions.append(rng.choice(valid))
+                r = env.step({"action": actions[-1]})
+                trace.append(openenv_row(actions[-1], r))
+                if r.done:
+                    break
+                valid = r.observation["available_actions"] or valid
+            assert env.state()["step_count"] == len(actions)
+            return trace, actions
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(session, range(16)))
+    cfg = synthetic_config(coin_data)
+    for task, (trace, actions) in zip(tasks, results, strict=True):
+        assert trace == play(local.make(cfg), task, actions), task.task_id
+    assert len({trace[0][1] for trace, _ in results}) > 1, "the sessions started from different states"
+
+
+class TokenClient(GenericEnvClient):
+    """OpenEnv's client with a token: docs/howto/serve-synthetic.md's snippet (OpenEnv 0.3 sends no headers)."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        super().__init__(base_url=base_url)
+        self._headers = {"Authorization": f"Bearer {token}"}
+
+    async def connect(self) -> TokenClient:
+        import websockets
+
+        if self._ws is None:
+            self._ws = await websockets.connect(self._ws_url, additional_headers=self._headers,
+                                                open_timeout=self._connect_timeout, max_size=self._max_message_size)
+        return self
+
+
+def test_a_token_guards_the_openenv_websocket(served: str) -> None:
+    """With a token, a WebSocket without it is refused and one with it plays; the HTTP routes answer 401 like
+    every other route."""
+    with pytest.raises(ConnectionError), GenericEnvClient(base_url=served + "/openenv").sync() as env:
+        env.reset()
+    with TokenClient(served + "/openenv", TOKEN).sync() as env:
+        r = env.reset(seed=5)
+        assert r.observation["task"]["task_id"] and r.observation["state"] and not r.done
+        r = env.step({"action": r.observation["available_actions"][0]})
+        assert r.observation["info"]["demonstration_ids"] and env.state()["step_count"] == 1
+    assert requests.get(served + "/openenv/health", timeout=30).status_code == 401
+    assert requests.get(served + "/openenv/health", headers=AUTH, timeout=30).json()["status"] == "healthy"

@@ -82,6 +82,9 @@ T = TypeVar("T")
 #: Reset body fields that carry a task index, one per AgentGym server family.
 INDEX_FIELDS = ("data_idx", "game", "session_id", "idx")
 
+#: Where ``dreamgym.envs.openenv_server`` mounts the OpenEnv protocol.
+PREFIX = "/openenv"
+
 #: Longest action text ``POST /step`` accepts (an action is a command, not a document).
 MAX_ACTION_CHARS = 2_000
 
@@ -281,6 +284,40 @@ def _engine_call(where: str, fn: Callable[[], T]) -> T:
 # -- the app ----------------------------------------------------------------------------------
 
 
+def reset_episode(slot: _Slot, task: Task, where: str) -> Observation:
+    """Start ``task`` in ``slot``'s instance (every protocol's reset); a failed reset leaves no episode to step."""
+    with slot.lock:
+        slot.task, slot.observation = None, None
+        obs = _engine_call(where, lambda: slot.env.reset(task))
+        slot.task, slot.observation, slot.steps, slot.done = task, obs, 0, False
+    return obs
+
+
+def step_episode(slot_id: int, slot: _Slot, action: str, where: str,
+                 on_step: Callable[[StepResult, float], None] | None, reset: str = "POST /reset") -> StepResult:
+    """One step of ``slot``'s episode (every protocol's step): refused without a running episode (409, naming the
+    protocol's ``reset``), then reported to ``on_step(result, seconds)``."""
+    with slot.lock:
+        if slot.task is None:
+            raise ApiError(409, f"{where}: environment {slot_id} has no episode; {reset} first")
+        if slot.done:
+            raise ApiError(409, f"{where}: the episode of environment {slot_id} has ended; {reset} to start "
+                                "another")
+        t0 = time.perf_counter()
+        result = _engine_call(where, lambda: slot.env.step(action))
+        slot.observation, slot.steps, slot.done = result.observation, slot.steps + 1, result.done
+    if on_step is not None:
+        on_step(result, time.perf_counter() - t0)
+    return result
+
+
+async def api_error_reply(request: Request, exc: ApiError) -> JSONResponse:
+    """An ``ApiError`` as the one JSON error every endpoint answers with."""
+    return JSONResponse({"error": exc.message, "type": exc.kind}, status_code=exc.status)
+
+
+
+
 def build_app(cfg: EnvConfig, max_envs: int | None = None, token: str | None = None, *, limits: Limits | None = None,
               make: Callable[[], Environment] | None = None, about: dict[str, Any] | None = None,
               on_step: Callable[[StepResult, float], None] | None = None,
@@ -315,9 +352,7 @@ def build_app(cfg: EnvConfig, max_envs: int | None = None, token: str | None = N
     if token:  # added last: the outermost check, so a request without the token learns nothing else
         _require_token(app, token)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, "type": exc.kind}, status_code=exc.status)
+    app.add_exception_handler(ApiError, api_error_reply)  # type: ignore[arg-type]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -352,28 +387,14 @@ def build_app(cfg: EnvConfig, max_envs: int | None = None, token: str | None = N
         slot_id = _env_id("POST /reset", body.id, body.env_idx)
         slot = pool.get(slot_id)
         task = _engine_call("POST /reset", lambda: _task_of(body, pool))
-        with slot.lock:
-            slot.task, slot.observation = None, None  # a failed reset leaves no episode to step
-            obs = _engine_call("POST /reset", lambda: slot.env.reset(task))
-            slot.task, slot.observation, slot.steps, slot.done = task, obs, 0, False
+        obs = reset_episode(slot, task, "POST /reset")
         return {**_observation_reply(slot_id, obs), "task": task.to_dict(), "reward": 0.0, "done": False,
                 "success": False, "info": {}}
 
     @app.post("/step")
     def step(body: _StepBody) -> dict[str, Any]:
         slot_id = _env_id("POST /step", body.id, body.env_idx)
-        slot = pool.get(slot_id)
-        with slot.lock:
-            if slot.task is None:
-                raise ApiError(409, f"POST /step: environment {slot_id} has no episode; POST /reset first")
-            if slot.done:
-                raise ApiError(409, f"POST /step: the episode of environment {slot_id} has ended; POST /reset "
-                                    "to start another")
-            t0 = time.perf_counter()
-            result = _engine_call("POST /step", lambda: slot.env.step(body.action))
-            slot.observation, slot.steps, slot.done = result.observation, slot.steps + 1, result.done
-        if on_step is not None:
-            on_step(result, time.perf_counter() - t0)
+        result = step_episode(slot_id, pool.get(slot_id), body.action, "POST /step", on_step)
         return {**_observation_reply(slot_id, result.observation), "reward": float(result.reward),
                 "done": bool(result.done), "success": bool(result.success), "info": _jsonable(result.info)}
 
@@ -556,7 +577,8 @@ def run_app(build: Callable[[], FastAPI], host: str, port: int, token: str | Non
         shown = f"[{host}]" if ":" in host else host
         auth = "token required" if token else "no token"
         line = (f"dreamgym {command}: serving {app.state.pool.spec} on http://{shown}:{port}, {auth} "
-                f"(AgentGym protocol: POST /create /reset /step /close, GET /tasks /observation ...)")
+                f"(AgentGym protocol: POST /create /reset /step /close, GET /tasks /observation ..."
+                f"{'; OpenEnv: ' + PREFIX if any(getattr(r, 'path', '') == PREFIX for r in app.routes) else ''})")
         if not token and not _is_loopback(host):
             print(f"dreamgym {command}: warning: {host} is reachable from other machines and no token is set: "
                   "anyone who reaches the port can drive the environment; set DREAMGYM_SERVE_ENV_TOKEN",
@@ -568,7 +590,9 @@ def run_app(build: Callable[[], FastAPI], host: str, port: int, token: str | Non
                 if self.started:
                     print(line, flush=True)
 
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        limits = getattr(app.state, "limits", None)  # WebSocket messages (OpenEnv) obey the body limit too
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                ws_max_size=limits.max_body_bytes if limits else 16 * 1024 * 1024)
         _Server(config).run(sockets=[sock])
     finally:
         sock.close()

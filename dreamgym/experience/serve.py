@@ -18,6 +18,8 @@ What a client sees per step is ``serve-env``'s reply; its ``info`` carries the e
 the step, ``attempts`` and ``retries``, ``valid`` / ``invalid_reason``. ``GET /metrics`` (``SyntheticMetrics``)
 is the simulator's health for a user watching from their own trainer. ``GET /`` speaks the ``dreamgym``
 protocol, so ``remote:dreamgym`` (``RemoteEnv``) and ``dreamgym train --train.mode real`` train against it.
+OpenEnv's protocol is mounted under ``/openenv`` (``dreamgym.envs.openenv_server``: OpenEnv's own server over the
+same sessions, limits and metrics; its ``GenericEnvClient(base_url=URL + "/openenv")`` drives it).
 ``POST /predict`` answers one query outside any session (``dreamgym.experience.served_simulator``: how
 ``dreamgym eval-experience-model --simulator URL`` scores the served simulator on held-out transitions).
 
@@ -205,6 +207,9 @@ def build_synthetic_app(cfg: DreamGymConfig, token: str | None = None, limits: L
         parts.close()
         raise
     pool = app.state.pool
+    from dreamgym.envs.openenv_server import mount_openenv
+
+    mount_openenv(app, token, on_step=metrics.step)  # OpenEnv under /openenv: the same pool, limits and metrics
 
     @app.get("/metrics")
     def get_metrics() -> dict[str, Any]:
