@@ -166,17 +166,21 @@ def test_a_weight_update_is_atomic_with_respect_to_generation(engine, word_model
     on the new weights. Then the object-store sync (one call per engine) with acts in flight around it."""
     from safetensors.torch import load_file
 
+    # Same shapes and vocabulary, other weights, large enough that greedy replies differ (at std 0.02 both
+    # models repeat one token).
     other = build_tiny_model(tmp_path / "other", tokenizer="word", words=[*OBJECTS, "fetch"], punctuation=False,
-                             seed=1)  # same shapes and vocabulary, other weights
+                             seed=1, init_std=0.5)
     old, new = load_file(str(word_model / "model.safetensors")), load_file(str(other / "model.safetensors"))
     sync = ObjectStoreWeightSync([engine], dtype="float32", timeout_s=120)
     greedy = {"n": 1, "temperature": 0.0, "max_tokens": 8}
 
-    def answer(ref: ray.ObjectRef) -> tuple[int, tuple[tuple[int, ...], ...]]:
-        """(weight version, greedy replies) of one act call: one version for the whole call."""
+    def answer(ref: ray.ObjectRef) -> tuple[int, tuple[tuple[float, ...], ...]]:
+        """(weight version, greedy replies with their log-probs) of one act call: one version for the whole call.
+        The log-probs tell any mix of the two weight sets apart even where the greedy tokens agree."""
         samples = ray.get(ref, timeout=60)
         assert len({s.weight_version for g in samples for s in g}) == 1
-        return samples[0][0].weight_version, tuple(tuple(g[0].token_ids) for g in samples)
+        return samples[0][0].weight_version, tuple((*g[0].token_ids, *(round(x, 3) for x in g[0].logprobs))
+                                                   for g in samples)
 
     sync.push(new.items(), version=501)
     all_new = answer(engine.act.remote(TURNS, **greedy))
