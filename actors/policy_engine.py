@@ -8,6 +8,13 @@ token sequences (``score``); and it receives new weights, either from the Ray ob
 ``finish_weight_update``, GPU path). The actor is thin: the engine logic is
 ``dreamgym.vllm_engine.VllmPolicy``.
 
+A weight update is atomic with respect to generation (``dreamgym.weight_gate``: pause, update, resume). The
+weight calls run in their own concurrency group (``WEIGHTS_GROUP``, one thread) beside the generation calls
+(the default group, one thread): a sync's ``start_weight_update`` .. ``update_weights`` .. ``finish_weight_update``
+is one transaction (its id travels with every call), generation in flight finishes before it begins, and
+``act``/``generate``/``score`` calls arriving meanwhile wait (bounded) and then run on the new weights. The
+object-store ``load_weights`` is the same transaction in one call.
+
 CPU: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``OMP_NUM_THREADS`` go into the actor's
 ``runtime_env`` (Ray would set one thread). GPU: ``policy.engine.tensor_parallel_size`` GPUs per engine, in the
 one-GPU bundles of its placement group (``dreamgym.placement``).
@@ -25,10 +32,14 @@ import ray
 from dreamgym.config import PolicyConfig
 from dreamgym.types import ActionSample, AgentTurn
 from dreamgym.vllm_engine import engine_env
+from dreamgym.weight_gate import UpdateGate
 
 if TYPE_CHECKING:
     import torch
     from ray.actor import ActorHandle
+
+#: The engine actor's concurrency group of weight calls (one thread, beside the one of generation calls).
+WEIGHTS_GROUP = "weights"
 
 
 class PolicyEngine:
@@ -46,6 +57,7 @@ class PolicyEngine:
         self.name = f"policy-engine-{engine_index}"
         self.cfg = PolicyConfig.model_validate(cfg)
         self.policy = VllmPolicy(self.cfg, engine_index, model_path, weight_transfer_backend=weight_transfer_backend)
+        self.gate = UpdateGate(self.name)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -56,33 +68,50 @@ class PolicyEngine:
             "dtype": self.policy.dtype,
             "start_seconds": self.policy.start_seconds,
             "gpu_ids": [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])],
+            "gate": self.gate.state(),
         }
 
     def weight_version(self) -> int:
+        """The version the engine serves now (during an update: the one before it)."""
         return self.policy.weight_version
 
-    # -- sampling ----------------------------------------------------------------------------------
-    def act(self, turns: Sequence[AgentTurn], n: int = 1, **kw: Any) -> list[list[ActionSample]]:
-        return self.policy.act(turns, n=n, **kw)
+    # -- sampling (through the gate: never on half-loaded weights) ------------------------------------
+    def act(self, turns: Sequence[AgentTurn], n: int = 1, wait_s: float | None = None,
+            **kw: Any) -> list[list[ActionSample]]:
+        """``n`` actions per turn. ``wait_s``: the longest this call waits on a weight update (the caller's
+        watchdog bound, less a margin); unbounded by the caller it still ends at the update's own deadline."""
+        with self.gate.generating(f"act ({len(turns)} turns)", wait_s):
+            return self.policy.act(turns, n=n, **kw)
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int = 1, **kw: Any) -> list[list[ActionSample]]:
-        return self.policy.generate(prompts, n=n, **kw)
+    def generate(self, prompts: Sequence[Sequence[int]], n: int = 1, wait_s: float | None = None,
+                 **kw: Any) -> list[list[ActionSample]]:
+        with self.gate.generating(f"generate ({len(prompts)} prompts)", wait_s):
+            return self.policy.generate(prompts, n=n, **kw)
 
     def prompt_ids(self, turn: AgentTurn) -> list[int]:
         return self.policy.turn_prompt_ids(turn)
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        return self.policy.score(sequences)
-
-    # -- weights: object store (CPU) ----------------------------------------------------------------
-    def load_weights(self, weights: dict[str, torch.Tensor] | list[tuple[str, torch.Tensor]], version: int) -> dict:
-        """Load weights delivered through the object store (Ray resolves the reference before the call)."""
-        return {"engine": self.name, **self.policy.load_weights(weights, version)}
+    def score(self, sequences: Sequence[Sequence[int]], wait_s: float | None = None) -> list[list[float]]:
+        with self.gate.generating(f"score ({len(sequences)} sequences)", wait_s):
+            return self.policy.score(sequences)
 
     def param_checksum(self, name: str = "model.embed_tokens.weight") -> float:
-        return self.policy.param_checksum(name)
+        with self.gate.generating("param_checksum"):
+            return self.policy.param_checksum(name)
 
-    # -- weights: vLLM weight-transfer API (GPU, NCCL) ------------------------------------------------
+    # -- weights: object store (CPU), one call ---------------------------------------------------------
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def load_weights(self, weights: dict[str, torch.Tensor] | list[tuple[str, torch.Tensor]], version: int,
+                     timeout_s: float | None = None) -> dict:
+        """Load weights delivered through the object store (Ray resolves the reference before the call): a whole
+        update in one call, generation paused around it. A set that does not fit the served model is refused
+        before anything pauses. ``timeout_s``: the update's bound (``learner.sync_timeout_s``)."""
+        pairs = self.policy.check_weights(weights)
+        with self.gate.update(f"weights v{version}", timeout_s):
+            return {"engine": self.name, **self.policy.load_weights(pairs, version)}
+
+    # -- weights in steps: vLLM's weight-transfer protocol (NCCL on GPU; tensor chunks without a backend) ------
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
     def init_weight_transfer_engine(self, init_info: dict[str, Any], timeout_s: float | None = None) -> None:
         """Join the learner's NCCL group (rank ``rank_offset`` + this engine's tensor-parallel rank).
 
@@ -101,9 +130,11 @@ class PolicyEngine:
             except BaseException as e:  # surfaced to the caller below
                 box["error"] = e
 
-        t = threading.Thread(target=join, name=f"{self.name}-nccl-init", daemon=True)
-        t.start()
-        t.join(timeout_s)
+        # Generation pauses meanwhile (the engine's worker takes one call at a time); its weights are untouched.
+        with self.gate.update("the NCCL rendezvous", timeout_s, touches_weights=False):
+            t = threading.Thread(target=join, name=f"{self.name}-nccl-init", daemon=True)
+            t.start()
+            t.join(timeout_s)
         if t.is_alive():
             raise TimeoutError(
                 f"{self.name}: NCCL weight-transfer rendezvous with {init_info.get('master_address')}:"
@@ -114,22 +145,50 @@ class PolicyEngine:
         if "error" in box:
             raise box["error"]
 
-    def start_weight_update(self) -> None:
-        self.policy.llm.collective_rpc("start_weight_update")
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def start_weight_update(self, version: int | None = None, transaction: str | None = None,
+                            timeout_s: float | None = None) -> str:
+        """Open the update transaction: pause generation (the call in flight finishes first), then begin vLLM's
+        update (its layers leave for the meta device). Returns the transaction id every later call of this
+        update must carry; ``timeout_s`` (``learner.sync_timeout_s``) bounds how long generation waits on it."""
+        tx = self.gate.begin(f"weights v{version}" if version is not None else "weights", timeout_s, transaction)
+        try:
+            self.policy.start_update()
+        except BaseException as e:
+            self.gate.end(tx, f"start_weight_update: {type(e).__name__}: {e}")
+            raise
+        return tx
 
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.policy.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def update_weights(self, update_info: Any, transaction: str) -> int:
+        """One chunk of the open transaction (NCCL: the update info of a broadcast running meanwhile; without a
+        transfer backend: ``(HF name, tensor)`` pairs). A chunk of another transaction is refused."""
+        self.gate.check(transaction, "update_weights")
+        try:
+            return self.policy.update_chunk(update_info)
+        except BaseException as e:
+            self.gate.end(transaction, f"update_weights: {type(e).__name__}: {e}")
+            raise
 
-    def finish_weight_update(self, version: int | None = None) -> dict:
-        self.policy.llm.collective_rpc("finish_weight_update")
-        retied = bool(self.policy.llm.collective_rpc("dg_retie")[0])
-        self.policy.llm.reset_prefix_cache()
-        if version is not None:
-            self.policy.weight_version = int(version)
-        return {"engine": self.name, "version": self.policy.weight_version, "retied": retied}
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def finish_weight_update(self, version: int | None = None, transaction: str | None = None) -> dict:
+        """Finish vLLM's update, re-tie the head, reset the prefix cache, serve ``version``; resume generation."""
+        if transaction is None:
+            raise ValueError(f"{self.name}: finish_weight_update needs the transaction id start_weight_update "
+                             "returned")
+        self.gate.check(transaction, "finish_weight_update")
+        try:
+            done = self.policy.finish_update(version)
+        except BaseException as e:
+            self.gate.end(transaction, f"finish_weight_update: {type(e).__name__}: {e}")
+            raise
+        self.gate.end(transaction)
+        return {"engine": self.name, **done}
 
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
     def shutdown_weight_transfer_engine(self) -> None:
-        self.policy.llm.collective_rpc("shutdown_weight_transfer_engine")
+        with self.gate.update("the NCCL group's shutdown", touches_weights=False):
+            self.policy.llm.collective_rpc("shutdown_weight_transfer_engine")
 
 
 def create_policy_engines(
@@ -182,7 +241,9 @@ def create_policy_engines(
         options["runtime_env"] = {"env_vars": env_i}
         if name_prefix:
             options["name"] = f"{name_prefix}-{i}"
-        actor_cls = ray.remote(PolicyEngine).options(**options)
+        # Generation one call at a time (the default group), weight calls on their own thread (WEIGHTS_GROUP;
+        # Ray takes concurrency groups in ``ray.remote`` only, not in ``.options``).
+        actor_cls = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(PolicyEngine).options(**options)
         handles.append(
             actor_cls.remote(cfg.model_dump(mode="json"), i, str(model_path) if model_path else None,
                              weight_transfer_backend)

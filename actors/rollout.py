@@ -53,12 +53,16 @@ def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None
     """The batched policy over engine actors: the turns are split evenly, one ``act`` call per engine.
 
     ``timeout_s`` (``train.watchdog.engine_s``) bounds the calls together: an engine that has not answered by
-    then is alive but stuck, and ``ActorHungError`` names it. ``waits`` registers each wait (the status line)."""
+    then is alive but stuck, and ``ActorHungError`` names it. An engine gives up a little earlier on a weight
+    update that keeps it from generating (``wait_s``; ``dreamgym.weight_gate``), so its own error, naming the
+    update, arrives first. ``waits`` registers each wait (the status line)."""
 
     def act(turns: Sequence[AgentTurn]) -> list[ActionSample]:
         k = len(engines)
         chunks = [list(turns[i::k]) for i in range(k)]
-        kw = {} if temperature is None else {"temperature": temperature}
+        kw: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
+        if timeout_s is not None:
+            kw["wait_s"] = timeout_s * 0.9
         refs = [e.act.remote(c, 1, **kw) if c else None for e, c in zip(engines, chunks, strict=True)]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         answers: list[list[list[ActionSample]]] = []
@@ -73,6 +77,10 @@ def engines_act(engines: Sequence[ActorHandle], temperature: float | None = None
                     answers.append(ray.get(r, timeout=left))
                 except ray.exceptions.GetTimeoutError:
                     raise ActorHungError(hung_message(what, timeout_s or 0.0, "train.watchdog.engine_s")) from None
+                except ray.exceptions.RayTaskError as e:  # the engine's own WeightUpdateStalledError: a fault
+                    if isinstance(e.cause, ActorHungError):
+                        raise e.cause from None
+                    raise
         out: list[ActionSample | None] = [None] * len(turns)
         for i, ans in enumerate(answers):
             for j, samples in enumerate(ans):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -93,7 +94,9 @@ class ObjectStoreWeightSync(WeightSync):
             # Ray warns on every zero-copy put; these tensors are detached and contiguous, and engines copy them.
             warnings.filterwarnings("ignore", message="Zero-copy tensor serialization")
             ref = ray.put(tensors)
-        refs = {e.load_weights.remote(ref, version): n for e, n in zip(self.engines, self.names, strict=True)}
+        # Each engine loads in one call, generation paused around it (a weight update is atomic, weight_gate).
+        refs = {e.load_weights.remote(ref, version, self.timeout_s): n
+                for e, n in zip(self.engines, self.names, strict=True)}
         details = _wait_all(refs, version, self.timeout_s - (time.perf_counter() - t0), self.timeout_s)
         return SyncReport(
             version=version,
@@ -119,6 +122,7 @@ class _EngineClient:
         self.engines, self.names, self.timeout_s = list(engines), list(names), timeout_s
         self.ranks = ranks or NcclRanks(len(self.engines))
         self.version = -1
+        self.transaction = ""
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         refs = {getattr(e, method).remote(*args): n for e, n in zip(self.engines, self.names, strict=True)}
@@ -140,14 +144,18 @@ class _EngineClient:
         self._all("shutdown_weight_transfer_engine")
 
     def start_weight_update(self) -> None:
-        self._all("start_weight_update")
+        # One transaction id per push, carried by every call of it: an engine refuses a chunk or a finish of
+        # another transaction, and pauses generation from start to finish (``dreamgym.weight_gate``).
+        self.transaction = f"v{self.version}-{uuid.uuid4().hex[:8]}"
+        self._all("start_weight_update", self.version, self.transaction, self.timeout_s)
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._all("update_weights", update_info)
+        self._all("update_weights", update_info, self.transaction)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        # The engines re-tie the LM head, reset their prefix cache and take the version of this push.
-        self._all("finish_weight_update", int(weight_version) if weight_version is not None else self.version)
+        # The engines re-tie the LM head, reset their prefix cache, take the version of this push and resume.
+        self._all("finish_weight_update", int(weight_version) if weight_version is not None else self.version,
+                  self.transaction)
 
 
 class NcclWeightSync(WeightSync):

@@ -361,7 +361,8 @@ class LearnerConfig(Section):
     and the learner has a GPU no engine can share (whole GPUs), else the object store; an explicit ``nccl`` that
     cannot work is refused with the reason (``dreamgym.sync_choice.choose_weight_sync``)."""
     sync_timeout_s: float = Field(default=300.0, gt=0.0)
-    """A weight sync that takes longer raises, naming the engine and the version."""
+    """A weight sync that takes longer raises, naming the engine and the version. It also bounds each engine's
+    update: generation calls that wait on an update open longer give up, naming it (``dreamgym.weight_gate``)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Older checkpoints beyond this many are deleted."""
     tis: bool = False
@@ -870,7 +871,8 @@ class WatchdogConfig(Section):
 
     engine_s: float = Field(default=900.0, gt=0)
     """One policy-engine ``act`` call of a rollout worker (a batch of turns, queued behind the other workers'
-    batches: seconds on a 2-core CPU with the 135M policy, at most a minute with 8 workers)."""
+    batches: seconds on a 2-core CPU with the 135M policy, at most a minute with 8 workers). An act that waits on
+    a weight update (``train.max_staleness >= 1``) gives up at 0.9 of it, naming the update."""
     worker_s: float = Field(default=3600.0, gt=0)
     """A rollout worker whose episodes take no step and that does not answer its progress (a synthetic step on
     a 2-core CPU takes up to a few minutes, its experience-model calls bounded by

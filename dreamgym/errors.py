@@ -68,6 +68,13 @@ class ActorHungError(TrainingFaultError):
     the actor, what was waited for and the bound; the driver treats it as a fault."""
 
 
+class WeightUpdateStalledError(ActorHungError):
+    """A policy engine refused to generate because a weight update did not complete: it stayed open past its
+    bound (``learner.sync_timeout_s``) or past the caller's (``train.watchdog.engine_s``), or it failed after it
+    had touched the weights (``dreamgym.weight_gate``). A fault like a hung actor: the run resumes with new
+    engines."""
+
+
 class ReplayTimeoutError(ReplayError):
     """The replay shards did not answer a call within ``replay.call_timeout_s`` (a shard stuck or not restarted
     in time); inside training a fault like a dead learner (``train.auto_resume``)."""

@@ -65,6 +65,9 @@ class VllmPolicy:
 
         self.cfg = cfg
         self.engine_index = engine_index
+        self.transfer_backend = weight_transfer_backend
+        """vLLM's weight-transfer backend (``nccl``), or ``None``: weights arrive as tensors (object store)."""
+        self._received: set[str] | None = None
         self.model_path = Path(model_path) if model_path else resolve_model(cfg.model)
         kwargs: dict[str, Any] = {}
         e = cfg.engine
@@ -239,18 +242,73 @@ class VllmPolicy:
         embedding: on CPU vLLM serves the head from a pre-packed copy that is only rebuilt when
         ``lm_head.weight`` itself is loaded (weight-update trap 2 in docs/stack-notes.md).
         """
-        pairs = list(weights.items()) if isinstance(weights, dict) else list(weights)
-        pairs = self._checked(pairs)
+        pairs = self.check_weights(weights)
         t0 = time.perf_counter()
         summary = self.llm.collective_rpc("dg_load_weights", args=(pairs,))[0]
         self.llm.reset_prefix_cache()
         self.weight_version = int(version)
         return {**summary, "version": self.weight_version, "seconds": time.perf_counter() - t0}
 
+    def check_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]
+                      ) -> list[tuple[str, torch.Tensor]]:
+        """A full set as ``load_weights`` takes it (names and shapes checked; ``ValueError`` if it does not fit)."""
+        return self._checked(list(weights.items()) if isinstance(weights, dict) else list(weights))
+
+    # -- weights in steps: vLLM's weight-transfer protocol (start, one update per chunk, finish) ------------
+    # Between ``start_update`` and ``finish_update`` the model is half-loaded: the caller must keep generation
+    # away (``dreamgym.weight_gate``; the engine actor does).
+    def start_update(self) -> None:
+        """Begin an update: vLLM's ``start_weight_update`` (NCCL), or a layerwise reload (object store)."""
+        self.llm.collective_rpc("start_weight_update" if self.transfer_backend else "dg_start_reload")
+        self._received = set()
+
+    def update_chunk(self, update_info: Any) -> int:
+        """One chunk of the update begun by ``start_update``: vLLM's ``update_weights`` with the backend's update
+        info (NCCL: names, dtypes and shapes of the broadcast that runs meanwhile), or, without a transfer backend,
+        ``(HF name, tensor)`` pairs (a dict or a list), checked against the served checkpoint. Returns the
+        number of tensors."""
+        if self._received is None:
+            raise RuntimeError("update_chunk without start_update")
+        if self.transfer_backend:
+            self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+            names = list(update_info.get("names", [])) if isinstance(update_info, dict) else []
+        else:
+            pairs = self._checked(list(update_info.items()) if isinstance(update_info, dict) else list(update_info),
+                                  partial=True)
+            self.llm.collective_rpc("dg_load_chunk", args=(pairs,))
+            names = [n for n, _ in pairs]
+        self._received.update(names)
+        return len(names)
+
+    def finish_update(self, version: int | None) -> dict:
+        """Finish the update (vLLM's ``finish_weight_update``, or the reload's), re-tie a tied head, reset the
+        prefix cache and serve ``version``. Without a transfer backend, a set that missed tensors of the
+        checkpoint raises ``ValueError`` (the layers it did not cover kept their old values)."""
+        if self._received is None:
+            raise RuntimeError("finish_update without start_update")
+        received, self._received = self._received, None
+        if self.transfer_backend:
+            self.llm.collective_rpc("finish_weight_update")
+            retied = bool(self.llm.collective_rpc("dg_retie")[0])
+        else:
+            retied = bool(self.llm.collective_rpc("dg_finish_reload")[0])
+        self.llm.reset_prefix_cache()
+        if not self.transfer_backend:
+            missing = sorted(set(self.expected_shapes) - received - ({"lm_head.weight"} if self.tied_embeddings
+                                                                     else set()))
+            if missing:
+                raise ValueError(f"the update of {self.model_path.name} missed {len(missing)} tensor(s) of the "
+                                 f"checkpoint, e.g. {missing[:5]}: their layers kept the old weights")
+        if version is not None:
+            self.weight_version = int(version)
+        return {"version": self.weight_version, "retied": retied, "tensors": len(received)}
+
     def param_checksum(self, name: str = "model.embed_tokens.weight") -> float:
         return float(self.llm.collective_rpc("dg_param_checksum", args=(name,))[0])
 
-    def _checked(self, pairs: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    def _checked(self, pairs: list[tuple[str, torch.Tensor]], partial: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """``pairs`` with a tied head added, if they match the served checkpoint (names and shapes; all of its
+        tensors unless ``partial``, one chunk of an update); else ``ValueError`` naming what differs."""
         expected = self.expected_shapes
         names = {n for n, _ in pairs}
         if self.tied_embeddings and "lm_head.weight" not in names:
@@ -259,7 +317,8 @@ class VllmPolicy:
                 pairs = [*pairs, ("lm_head.weight", embed)]
                 names.add("lm_head.weight")
         unknown = sorted(names - set(expected))
-        missing = sorted(set(expected) - names - ({"lm_head.weight"} if self.tied_embeddings else set()))
+        missing = [] if partial else sorted(set(expected) - names - ({"lm_head.weight"} if self.tied_embeddings
+                                                                     else set()))
         wrong = [f"{n} {tuple(t.shape)} != {expected[n]}" for n, t in pairs if n in expected
                  and tuple(t.shape) != expected[n]]
         if unknown or missing or wrong:

@@ -40,6 +40,39 @@ class WeightUpdateExtension:
         retied = self.dg_retie()
         return {"tensors": len(pairs), "retied": retied}
 
+    # -- the same load in steps: start, one chunk per call, finish (``VllmPolicy.start_update`` ..) ------------
+    # ``reload_weights`` is exactly these three steps in one call (vLLM's ``reload.inplace``); the layerwise
+    # reload moves every layer to the meta device at the start and fills each one as its tensors arrive, so
+    # between the steps the model is half-loaded and must not serve (``dreamgym.weight_gate``).
+    def dg_start_reload(self) -> None:
+        """Begin a layerwise in-place reload (what vLLM's NCCL engine does in ``start_weight_update``)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(self.model_runner.get_model())  # type: ignore[attr-defined]
+
+    def dg_load_chunk(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load one chunk of checkpoint-format pairs into the reload begun by ``dg_start_reload``."""
+        from vllm.config import set_current_vllm_config
+
+        pairs = list(weights)
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            self.model_runner.get_model().load_weights(iter(pairs))  # type: ignore[attr-defined]
+        return len(pairs)
+
+    def dg_finish_reload(self) -> bool:
+        """Finish the reload (process and place every layer), drop state derived from the old weights, re-tie."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)  # type: ignore[attr-defined]
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as reload_weights does
+            getattr(runner, reset, lambda: None)()
+        return self.dg_retie()
+
     def dg_retie(self) -> bool:
         """Make a tied LM head use the (new) input embedding again; True if it had come apart."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]

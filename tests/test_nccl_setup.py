@@ -13,6 +13,7 @@ import pytest
 
 import actors.weight_sync as ws
 from dreamgym.config import load_config
+from dreamgym.weight_gate import UpdateGate
 
 
 def _gpu_cfg(tp: int = 1):
@@ -56,7 +57,7 @@ def test_engine_rendezvous_is_bounded_and_names_the_engine() -> None:
         llm = StuckLLM()
 
     engine = PolicyEngine.__new__(PolicyEngine)
-    engine.name, engine.policy = "policy-engine-1", Policy()
+    engine.name, engine.policy, engine.gate = "policy-engine-1", Policy(), UpdateGate("policy-engine-1")
     info = {"master_address": "10.0.0.5", "master_port": 40000, "rank_offset": 3, "world_size": 5}
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"policy-engine-1: NCCL weight-transfer rendezvous with 10\.0\.0\.5:40000 "

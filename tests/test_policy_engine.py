@@ -8,6 +8,7 @@ this model; ~1e-5..2.5e-4 on SmolLM2-135M, see bench/bench_weight_sync.py).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import ray
 from grpo_helpers import groups_from_samples
 
 from actors.policy_engine import create_policy_engines
-from actors.weight_sync import ObjectStoreWeightSync, make_weight_sync
+from actors.weight_sync import ObjectStoreWeightSync, _EngineClient, make_weight_sync
 from dreamgym.config import EngineConfig, LearnerConfig, PolicyConfig, load_config
 from dreamgym.models import build_tiny_model
 from dreamgym.types import AgentTurn, Observation, Task
@@ -127,8 +128,11 @@ def test_a_failing_or_slow_sync_raises_with_engine_and_version(engine, word_mode
     hasty = ObjectStoreWeightSync([engine], timeout_s=1e-3)
     with pytest.raises(WeightSyncError, match=r"version 202 failed on policy-engine-0: no answer within"):
         hasty.push(learner.sync_weights(), version=202)
-    # the timed-out load is not cancelled: it completes in the engine's order, before this call, and the
+    # the timed-out load is not cancelled: it completes (weight calls have their own thread, so poll) and the
     # engine stays usable (cancelling it could stall the engine for 30 s and fail the calls behind it)
+    deadline = time.monotonic() + 60
+    while ray.get(engine.weight_version.remote(), timeout=60) != 202 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert ray.get(engine.weight_version.remote(), timeout=60) == 202
     assert len(ray.get(engine.act.remote(TURNS[:1], n=1), timeout=60)[0]) == 1
 
@@ -152,6 +156,63 @@ def test_one_full_cycle_sample_step_sync_sample(engine, word_model: Path) -> Non
     assert {s.weight_version for g in again for s in g} == {1}
     groups = groups_from_samples(TASKS, again, ANSWERS)
     assert all(t.weight_version == 1 for g in groups for t in g.trajectories)
+
+
+def test_a_weight_update_is_atomic_with_respect_to_generation(engine, word_model: Path, tmp_path: Path) -> None:
+    """Issue 31, defect 4 (``train.max_staleness >= 1``: rollouts sample while the learner syncs). An update sent
+    in chunks (start, one ``update_weights`` per chunk, finish: vLLM's weight-transfer protocol, whose layerwise
+    reload leaves the model half-loaded in between) with greedy ``act`` calls issued between its calls: every act
+    answers with all-old or all-new weights, never a mix, and the ones issued mid-update run after the finish,
+    on the new weights. Then the object-store sync (one call per engine) with acts in flight around it."""
+    from safetensors.torch import load_file
+
+    # Same shapes and vocabulary, other weights, large enough that greedy replies differ (at std 0.02 both
+    # models repeat one token).
+    other = build_tiny_model(tmp_path / "other", tokenizer="word", words=[*OBJECTS, "fetch"], punctuation=False,
+                             seed=1, init_std=0.5)
+    old, new = load_file(str(word_model / "model.safetensors")), load_file(str(other / "model.safetensors"))
+    sync = ObjectStoreWeightSync([engine], dtype="float32", timeout_s=120)
+    greedy = {"n": 1, "temperature": 0.0, "max_tokens": 8}
+
+    def answer(ref: ray.ObjectRef) -> tuple[int, tuple[tuple[float, ...], ...]]:
+        """(weight version, greedy replies with their log-probs) of one act call: one version for the whole call.
+        The log-probs tell any mix of the two weight sets apart even where the greedy tokens agree."""
+        samples = ray.get(ref, timeout=60)
+        assert len({s.weight_version for g in samples for s in g}) == 1
+        return samples[0][0].weight_version, tuple((*g[0].token_ids, *(round(x, 3) for x in g[0].logprobs))
+                                                   for g in samples)
+
+    sync.push(new.items(), version=501)
+    all_new = answer(engine.act.remote(TURNS, **greedy))
+    sync.push(old.items(), version=500)
+    all_old = answer(engine.act.remote(TURNS, **greedy))
+    assert all_old[1] != all_new[1]
+
+    # The client NcclWeightSync hands to vLLM's trainer (it drives start, update per chunk, finish); without a
+    # transfer backend each chunk is (name, tensor) pairs, loaded into the same layerwise reload NCCL feeds.
+    client = _EngineClient([engine], ["policy-engine-0"], timeout_s=60)
+    client.version = 502
+    names = sorted(new)
+    chunks = [{n: new[n] for n in names[i::3]} for i in range(3)]  # every chunk touches several layers
+    before = engine.act.remote(TURNS, **greedy)  # in flight (or queued) as the update starts
+    client.start_weight_update()
+    during = []
+    for chunk in chunks:
+        during.append(engine.act.remote(TURNS, **greedy))
+        client.update_weights(chunk)
+    during.append(engine.act.remote(TURNS, **greedy))
+    assert ray.wait(during, num_returns=len(during), timeout=1.0)[0] == []  # they wait for the finish
+    with pytest.raises(ray.exceptions.RayTaskError, match="transaction other refused"):
+        ray.get(engine.update_weights.remote(chunks[0], "other"), timeout=60)  # no interleaved transaction
+    client.finish_weight_update()
+    assert answer(before) in (all_old, (502, all_new[1]))
+    assert [answer(r) for r in during] == [(502, all_new[1])] * len(during)
+
+    around = [engine.act.remote(TURNS, **greedy) for _ in range(3)]
+    sync.push(old.items(), version=503)
+    around += [engine.act.remote(TURNS, **greedy) for _ in range(3)]
+    assert {answer(r) for r in around} <= {(502, all_new[1]), (503, all_old[1])}
+    assert ray.get(engine.info.remote())["gate"] == {"open": None, "generating": 0, "incomplete": None}
 
 
 @pytest.mark.slow
