@@ -434,7 +434,7 @@ def test_babyai_dialect(tmp_path: Path) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(1800)
 def test_real_mode_train_against_a_server(ray_cluster, tmp_path: Path) -> None:
-    """``dreamgym train --train.mode real`` for 2 iterations against a real AgentGym server, ScienceWorld, with no
+    """``dreamgym train --train.mode real`` for an iteration against a real AgentGym server, ScienceWorld, with no
     offline data at all (``collect.episodes 0``: it reveals no valid actions, so there is nothing to collect).
     Afterwards no server-side environment and no ScienceWorld JVM is left. (TextCraft, with a collection first:
     ``test_train_against_textcraft_then_a_dead_server_in_one_line``.)"""
@@ -451,10 +451,10 @@ def test_real_mode_train_against_a_server(ray_cluster, tmp_path: Path) -> None:
             tmp_path, env={"name": "remote:sciworld", "url": server.url, "max_steps": 4},
             collect={"episodes": 0},
             curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
-            train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
-                   "eval": {"tasks": 2}, "rollout": {"envs_per_worker": 3}}))
+            train={"mode": "real", "iterations": 1, "warm_start": {"method": "none"},
+                   "eval": {"tasks": 1}, "rollout": {"envs_per_worker": 3}}))
         s = run_train(cfg)
-        assert s["iterations"] == 2 and s["real_transitions"] > 0 and s["synthetic_transitions"] == 0
+        assert s["iterations"] == 1 and s["real_transitions"] > 0 and s["synthetic_transitions"] == 0
         assert s["offline_transitions"] == 0
         assert s["success_start"] is not None and s["baseline_success"] is not None
         assert server.live_envs() == []

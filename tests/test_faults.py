@@ -68,41 +68,6 @@ def _synthetic_webarena(tmp_path: Path, server_url: str, offline: Path, **sectio
     return validate_config(tiny_config(tmp_path, **deep_merge(base, sections)))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.engine
-def test_the_guard_stops_training_when_the_simulator_goes_bad(ray_cluster, tmp_path: Path) -> None:
-    """The experience model answers well for one iteration, then returns empty replies: the second iteration's
-    transitions are invalid, the guard stops the run before the learner sees them, and the message says why."""
-    from actors.driver import run_train
-
-    broken = threading.Event()
-
-    def first_iteration_done() -> bool:
-        return any(r["event"] == "iteration" for run in tmp_path.glob("t-train-*") for r in MetricsLog(run).read())
-
-    def reply(body: dict[str, Any]) -> str:
-        # Checked on each request, not polled from a thread: with ``max_staleness 0`` iteration 2 launches only
-        # after iteration 1's record is written, so every reply of iteration 2 is empty (a poller could be late).
-        if not broken.is_set() and first_iteration_done():
-            broken.set()
-        return "" if broken.is_set() else _reward_by_action(body)
-
-    offline = _webarena_offline(tmp_path / "webarena.parquet")
-    with ScriptedOpenAIServer(reply) as server:
-        cfg = _synthetic_webarena(tmp_path, server.url, offline,
-                                  train={"guard": {"window": 1, "min_steps": 4}, "max_staleness": 0})
-        with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
-            run_train(cfg)
-    run_dir = next(tmp_path.glob("t-train-*"))
-    records = _read_metrics(run_dir)
-    assert [r["iteration"] for r in records if r["event"] == "iteration"] == [1]  # nothing learned from iteration 2
-    guard = [r for r in records if r["event"] == "guard"]
-    assert len(guard) == 1 and guard[0]["tripped"] and guard[0]["invalid_rate"] == 1.0
-    driver = json.loads((run_dir / "checkpoints" / "step-000001" / "driver.json").read_text())
-    assert driver["iteration"] == 1  # the run resumes from the last good iteration
-
-
 def _worker(tmp_path: Path) -> Any:
     """Rollout worker 0 of the run under ``tmp_path`` (named ``rollout-<run>-<driver pid>-<i>``)."""
     import ray
@@ -325,11 +290,14 @@ def test_a_frozen_experience_model_replica_is_restarted_and_its_requests_answere
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.engine
-def test_a_replay_shard_and_the_learner_killed_lose_no_acknowledged_transition(ray_cluster, tmp_path: Path) -> None:
-    """Synthetic training (retrieval on every step) with two replay shards. ``kill -9`` of a shard after the
-    first checkpoint: its retrievals and writes wait for Ray's restart and go on. ``kill -9`` of the learner
-    after the second: the run resumes itself from that checkpoint and finishes. Afterwards the buffer holds
-    every acknowledged transition: the offline ones by id, and as many in all as the run's writes stored."""
+def test_a_replay_shard_and_the_learner_killed_lose_nothing_then_the_guard_stops_a_bad_simulator(
+        ray_cluster, tmp_path: Path) -> None:
+    """Synthetic training (retrieval on every step) with two replay shards. ``kill -9`` of a shard after the first
+    checkpoint: its retrievals and writes wait for Ray's restart and go on. ``kill -9`` of the learner after the
+    second: the run resumes itself from that checkpoint. Once iteration 3 is recorded the experience model returns
+    empty replies: iteration 4's transitions are invalid, the guard stops the run before the learner sees them,
+    the message says why, and the last checkpoint is the last good iteration. Afterwards the buffer holds every
+    acknowledged transition: the offline ones by id, and as many in all as the run's writes stored."""
     from actors.driver import run_train
     from actors.replay import ShardedReplayBuffer
     from dreamgym.data.transitions import iter_transitions
@@ -345,20 +313,41 @@ def test_a_replay_shard_and_the_learner_killed_lose_no_acknowledged_transition(r
             p.kill()
         return go
 
+    broken = threading.Event()
+
+    def third_iteration_done() -> bool:
+        return any(r["event"] == "iteration" and r["iteration"] == 3
+                   for run in tmp_path.glob("t-train-*") for r in MetricsLog(run).read())
+
+    def reply(body: dict[str, Any]) -> str:
+        # Checked on each request, not polled from a thread: with ``max_staleness 0`` iteration 4 launches only
+        # after iteration 3's record is written, so every reply of iteration 4 is empty (a poller could be late).
+        if not broken.is_set() and third_iteration_done():
+            broken.set()
+        return "" if broken.is_set() else _reward_by_action(body)
+
     killed: list[str] = []
     offline = _webarena_offline(tmp_path / "webarena.parquet")
-    with ScriptedOpenAIServer(_reward_by_action) as server:
+    with ScriptedOpenAIServer(reply) as server:
         cfg = _synthetic_webarena(tmp_path, server.url, offline, replay={"shards": 2, "num_cpus": 0},
-                                  train={"auto_resume": 1})
+                                  train={"iterations": 4, "auto_resume": 1, "max_staleness": 0,
+                                         "guard": {"window": 1, "min_steps": 4}})
         watcher = _in_turn([("shard", checkpoint(1), kill("ReplayShard", 2)),
                             ("learner", checkpoint(2), kill("LearnerActor"))])
-        s = run_train(cfg)
+        with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
+            run_train(cfg)
     assert killed == ["ReplayShard", "LearnerActor"], getattr(watcher, "error", None)
-    assert s["iterations"] == 3
-    run_dir = Path(s["run_dir"])
+    run_dir = next(tmp_path.glob("t-train-*"))
     records = _read_metrics(run_dir)
     assert len([r for r in records if r["event"] == "auto_resume"]) == 1
     assert "the learner actor died" in next(r for r in records if r["event"] == "fault")["what"]
+    # the guard: nothing learned from iteration 4, and the run resumes from the last good iteration
+    assert [r["iteration"] for r in records if r["event"] == "iteration"] == [1, 2, 3]
+    guard = [r for r in records if r["event"] == "guard"]
+    assert len(guard) == 1 and guard[0]["tripped"] and guard[0]["invalid_rate"] == 1.0
+    driver = json.loads(sorted((run_dir / "checkpoints").glob("step-*/driver.json"))[-1].read_text())
+    assert driver["iteration"] == 3
+    # the buffer: every acknowledged transition
     seeded = next(r for r in records if r["event"] == "replay_seed")["stored"]
     written = {r["iteration"]: r["replay"]["stored"] for r in records if r["event"] == "iteration"}
     assert sorted(written) == [1, 2, 3] and sum(written.values()) > 0

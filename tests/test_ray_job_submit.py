@@ -130,8 +130,10 @@ def test_train_job_succeeds(ray_head, tmp_path) -> None:
     from test_train import tiny_config
 
     address, env = ray_head
-    cfg = tiny_config(tmp_path / "runs", train={"mode": "real", "iterations": 1, "warm_start": {"method": "none"},
-                                                "eval": {"at_start": False}})
+    # The smallest real run: no offline collection and no evaluation (neither differs inside a job).
+    cfg = tiny_config(tmp_path / "runs", collect={"episodes": 0},
+                      train={"mode": "real", "iterations": 1, "warm_start": {"method": "none"},
+                             "eval": {"enabled": False}})
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
     runtime_env = {"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}}
     submitted = _ray("job", "submit", "--no-wait", "--address", address, "--runtime-env-json", json.dumps(runtime_env),
