@@ -242,49 +242,8 @@ def test_a_run_outlives_killed_workers_curriculum_and_engine_and_a_frozen_engine
     assert "waits on policy-engine-0 act" in err and "Traceback" not in err
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.engine
-def test_a_frozen_experience_model_replica_is_restarted_and_its_requests_answered(ray_cluster) -> None:
-    """``kill -STOP`` of an experience-model replica: the batch waiting on it ends at
-    ``experience_model.request_timeout_s``, the router reports it by name, Ray restarts it (the stopped process
-    is killed) and the restarted replica answers the request."""
-    import psutil
-    import ray
-
-    from actors.experience_model import RayExperienceClient, start_replicas
-    from dreamgym.config import EngineConfig, ExperienceModelConfig
-    from dreamgym.experience.schema import CompletionRequest, Sampling
-
-    cfg = ExperienceModelConfig(model="tiny", request_timeout_s=5.0, max_restarts=1,
-                                engine=EngineConfig(dtype="float32", max_model_len=1024, num_cpus=0.25,
-                                                    kv_cache_gib=0.25, omp_threads=1))
-    client = RayExperienceClient(start_replicas(cfg), refresh_s=0.0, timeout_s=cfg.request_timeout_s, owns=True,
-                                 revive_timeout_s=300.0)
-    replica = client.router.replicas[0]
-    req = CompletionRequest([{"role": "user", "content": "go north"}], Sampling(max_tokens=4))
-    pid = 0
-    try:
-        assert client.complete([req])[0].finish_reason in ("stop", "length")
-        pid = ray.get(replica.info.remote())["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        again = client.complete([req])
-        took = time.monotonic() - t0
-        assert len(again) == 1 and again[0].finish_reason in ("stop", "length")
-        notes = client.router.take_notices()
-        assert len(notes) == 1 and notes[0].startswith(
-            "experience-model replica 0 (1 request(s)) made no progress within 5 s "
-            "(experience_model.request_timeout_s)") and notes[0].endswith("restarting it"), notes
-        assert took >= 5.0
-        assert client.router.hung == 1 and client.router.revived == 1
-        assert ray.get(replica.info.remote())["pid"] != pid
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    finally:
-        if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-        client.close()
+# A frozen experience-model replica (restarted, its requests answered): tests/test_experience_engine.py::
+# test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica.
 
 
 @pytest.mark.slow

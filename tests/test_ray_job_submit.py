@@ -67,8 +67,9 @@ def ray_head(tmp_path_factory):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            # A graceful stop takes ~30 s; the whole group (head, raylet, workers) is ours, so 10 s is enough.
-            head.wait(timeout=10)
+            # A graceful stop takes ~30 s and a wait of 10 s always ended in the kill below: the whole group (head,
+            # raylet, workers) is ours, so it gets 2 s.
+            head.wait(timeout=2)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
         log.close()
