@@ -292,19 +292,18 @@ def _study(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 5 tiny train runs and a collection; a loaded 2-core box is slow
+@pytest.mark.timeout(3600)  # 5 tiny train runs and a collection, each with its own Ray; a loaded 2-core box is slow
+@pytest.mark.ray
 @pytest.mark.engine
-def test_a_tiny_study_runs_resumes_and_reports(ray_cluster, tmp_path: Path) -> None:
+def test_a_tiny_study_runs_resumes_and_reports(tmp_path: Path) -> None:
     """DreamGym (2 seeds) and the base policy, the copy-top-1 simulator and behaviour cloning (1 seed each: they are
-    paired with DreamGym on seed 0's held-out episodes). Every arm-seed is a ``dreamgym train`` process of its own
-    that joins the test session's Ray cluster (``ray.address``, as a study on a cluster does) instead of starting
-    and stopping a local Ray six times."""
+    paired with DreamGym on seed 0's held-out episodes)."""
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)
     model = _EveryOtherPays()
     with ScriptedOpenAIServer(model) as server:
         cfg = tiny_config(
-            tmp_path / "runs", ray={"address": ray_cluster.get_runtime_context().gcs_address},
+            tmp_path / "runs", ray={"num_cpus": 2},
             experience_model={"backend": "http", "url": server.url, "check_reward_rule": False,
                               "inadmissible": "model"},
             learner={"group_size": 4},
