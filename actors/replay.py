@@ -57,6 +57,15 @@ class ReplayShard:
     def encode(self, queries: list[tuple[str, str]]) -> np.ndarray:
         return self.buffer._encode(queries)
 
+    def warm(self) -> str | None:
+        """Load the encoder now. A failure is returned, not raised: the first write or query raises it again, with
+        its message, where someone waits for the answer."""
+        try:
+            self.buffer.encoder.load()
+        except Exception as e:
+            return repr(e)
+        return None
+
     def search(self, vectors: np.ndarray, k: int | None, filters: Filters | None) -> list[list[Demonstration]]:
         return self.buffer.search(vectors, k, filters)
 
@@ -188,6 +197,13 @@ class ShardedReplayBuffer:
 
     def info(self) -> list[dict[str, Any]]:
         return self._get([s.info.remote() for s in self.shards])
+
+    def warm(self) -> None:
+        """Have every shard load its encoder, without waiting: a shard runs its calls in order, so a write or query
+        that comes sooner waits for it, and one that comes later finds it loaded (``dreamgym train`` warms the
+        shards while its engines and learner load)."""
+        for s in self.shards:
+            s.warm.remote()
 
     def iter_transitions(self, filters: Filters | None = None, batch_size: int = 1024) -> Iterator[Transition]:
         """Every stored transition, shard by shard, each in insertion order (bounded memory)."""

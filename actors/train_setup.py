@@ -169,7 +169,9 @@ def open_replay(cfg: DreamGymConfig, run_dir: Path) -> Any:
     from actors.replay import ShardedReplayBuffer
 
     root = cfg.replay.path or (run_dir / "replay" if cfg.replay.backend != "server" else None)
-    return ShardedReplayBuffer.create(cfg.replay, root)
+    buf = ShardedReplayBuffer.create(cfg.replay, root)
+    buf.warm()  # the encoder loads while the engines start: the seeding and the first writes need it
+    return buf
 
 
 def seed_replay(replay: Any, data: Path, batch_size: int) -> dict[str, Any]:

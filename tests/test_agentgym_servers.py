@@ -249,10 +249,14 @@ def test_collect_and_train_actors_close_their_environments(textcraft_available, 
 @pytest.mark.ray
 @pytest.mark.engine
 @pytest.mark.timeout(1200)
-def test_train_reports_a_dead_server_in_one_line(fresh_textcraft: AgentGymServer, tmp_path: Path) -> None:
-    """``train`` used to print Ray's whole remote traceback when the server died mid-run (``collect`` did not).
-    A real ``dreamgym train`` (its own local Ray) runs against TextCraft; the server is stopped once the first
-    iteration is recorded, and the run ends with exit code 2 and one line naming the server."""
+def test_train_against_textcraft_then_a_dead_server_in_one_line(fresh_textcraft: AgentGymServer,
+                                                                 tmp_path: Path) -> None:
+    """A real ``dreamgym train --train.mode real`` (its own local Ray) against TextCraft: a mixed collection first
+    (its valid actions and expert plan come from the goal text), the held-out evaluation with its baseline, then
+    real iterations. Once the first iteration is recorded the server is stopped: ``train`` used to print Ray's
+    whole remote traceback when the server died mid-run (``collect`` did not); the run ends with exit code 2 and
+    one line naming the server. (That a finished run leaves no server-side environment behind is shown on
+    ScienceWorld, ``test_real_mode_train_against_a_server``.)"""
     import json
     import time
 
@@ -261,20 +265,24 @@ def test_train_reports_a_dead_server_in_one_line(fresh_textcraft: AgentGymServer
 
     server = fresh_textcraft
     cfg = tiny_config(tmp_path / "runs", env={"name": "remote:textcraft", "url": server.url, "max_steps": 4},
-                      collect={"episodes": 0}, curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
+                      collect={"episodes": 6, "workers": 1, "episodes_per_batch": 3},
+                      curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
                       ray={"num_cpus": 2},
                       train={"mode": "real", "iterations": 6, "warm_start": {"method": "none"},
-                             "eval": {"at_start": False, "tasks": 2}, "rollout": {"envs_per_worker": 3},
+                             "eval": {"tasks": 2}, "rollout": {"envs_per_worker": 3},
                              "report": {"progress": False, "markdown": False}})
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen([str(Path(sys.executable).parent / "dreamgym"), "train", str(tmp_path / "train.yaml")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def records() -> list[dict]:
+        metrics = list((tmp_path / "runs").glob("t-train-*/metrics.jsonl"))
+        return [json.loads(x) for x in metrics[0].read_text().splitlines() if x.strip()] if metrics else []
+
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
-            metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
-            if metrics and any(json.loads(x).get("event") == "iteration"
-                               for x in metrics[0].read_text().splitlines() if x.strip()):
+            if any(r.get("event") == "iteration" for r in records()):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()
@@ -287,6 +295,12 @@ def test_train_reports_a_dead_server_in_one_line(fresh_textcraft: AgentGymServer
     assert proc.returncode == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert lines[-1].startswith("dreamgym train: error: cannot reach the environment server for remote:textcraft")
+    # Before the server died: the collected offline data, the evaluation beside its baseline, a real iteration.
+    recs = records()
+    assert next(r for r in recs if r["event"] == "replay_seed")["rows"] > 0
+    start = next(r for r in recs if r["event"] == "eval")
+    assert start["label"] == "start" and start["baseline_success_rate"] is not None
+    assert next(r for r in recs if r["event"] == "iteration")["real_transitions"] > 0
 
 
 # -- a restarted server (issue item 3) --------------------------------------------------------------------------
@@ -419,33 +433,31 @@ def test_babyai_dialect(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize(("name", "episodes"), [("textcraft", 6), ("sciworld", 0)])
-def test_real_mode_train_against_a_server(name: str, episodes: int, ray_cluster, tmp_path: Path) -> None:
-    """``dreamgym train --train.mode real`` for 2 iterations against a real AgentGym server: TextCraft with a
-    mixed collection first (its valid actions and expert plan come from the goal text), ScienceWorld with no
+def test_real_mode_train_against_a_server(ray_cluster, tmp_path: Path) -> None:
+    """``dreamgym train --train.mode real`` for an iteration against a real AgentGym server, ScienceWorld, with no
     offline data at all (``collect.episodes 0``: it reveals no valid actions, so there is nothing to collect).
-    Afterwards no server-side environment (and no ScienceWorld JVM) is left."""
+    Afterwards no server-side environment and no ScienceWorld JVM is left. (TextCraft, with a collection first:
+    ``test_train_against_textcraft_then_a_dead_server_in_one_line``.)"""
     from test_train import tiny_config
 
     from actors.driver import run_train
     from dreamgym.config import validate_config
 
     (tmp_path / "server").mkdir()
-    server = start_server(name, tmp_path / "server")
+    server = start_server("sciworld", tmp_path / "server")
     try:
-        jvms = server.java_processes() if name == "sciworld" else 0
+        jvms = server.java_processes()
         cfg = validate_config(tiny_config(
-            tmp_path, env={"name": f"remote:{name}", "url": server.url, "max_steps": 4},
-            collect={"episodes": episodes, "workers": 1, "episodes_per_batch": 3},
+            tmp_path, env={"name": "remote:sciworld", "url": server.url, "max_steps": 4},
+            collect={"episodes": 0},
             curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
-            train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
-                   "eval": {"tasks": 2}, "rollout": {"envs_per_worker": 3}}))
+            train={"mode": "real", "iterations": 1, "warm_start": {"method": "none"},
+                   "eval": {"tasks": 1}, "rollout": {"envs_per_worker": 3}}))
         s = run_train(cfg)
-        assert s["iterations"] == 2 and s["real_transitions"] > 0 and s["synthetic_transitions"] == 0
-        assert (s["offline_transitions"] > 0) == (episodes > 0)
+        assert s["iterations"] == 1 and s["real_transitions"] > 0 and s["synthetic_transitions"] == 0
+        assert s["offline_transitions"] == 0
         assert s["success_start"] is not None and s["baseline_success"] is not None
         assert server.live_envs() == []
-        if name == "sciworld":
-            assert server.java_processes(expect=jvms) == jvms
+        assert server.java_processes(expect=jvms) == jvms
     finally:
         server.stop()

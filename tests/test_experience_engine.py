@@ -8,8 +8,10 @@ cut. Nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -81,6 +83,7 @@ def _engine_cfg(model: Path, **kw: object) -> ExperienceModelConfig:
 
 
 def test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica(ray_cluster, controlled: Controlled) -> None:
+    import psutil
     import ray
 
     from actors.experience_model import RayExperienceClient, start_replicas
@@ -136,12 +139,27 @@ def test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica(ray_c
         time.sleep(1.0)
         assert all(p.valid for p in model.predict(queries[:4]))
         assert router.alive == [False, True]
-        # The last replica crashes (Ray restarts it: ``no_restart=False``): with none live, a request waits
-        # for it to come back (its engine loads again on the probe) and is answered by the restarted replica.
-        ray.kill(replicas[1], no_restart=False)
-        time.sleep(1.0)
-        assert all(p.valid and p.success for p in model.predict(queries[:2]))
-        assert router.alive == [False, True] and router.revived == 1
+        # The last replica freezes (``kill -STOP``: alive, never answering): the batch waiting on it ends at
+        # ``experience_model.request_timeout_s``, the router reports it by name and has Ray restart it (the stopped
+        # process is killed); with none live, the request waits for it to come back (its engine loads again on
+        # the probe) and is answered by the restarted replica.
+        router.timeout_s = 5.0  # experience_model.request_timeout_s
+        pid = ray.get(replicas[1].info.remote())["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            assert all(p.valid and p.success for p in model.predict(queries[:2]))
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # never leave a stopped process behind
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        notes = router.take_notices()
+        assert len(notes) == 1 and re.match(r"experience-model replica 1 \(\d+ request\(s\)\) made no progress within "
+                                            r"5 s \(experience_model\.request_timeout_s\)", notes[0]), notes
+        assert notes[0].endswith("restarting it") and time.monotonic() - t0 >= 5.0
+        assert router.alive == [False, True] and router.hung == 1 and router.revived == 1
+        assert ray.get(replicas[1].info.remote())["pid"] != pid
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         # Down for good: past ``revive_timeout_s`` the request fails with a message that names the bound.
         ray.kill(replicas[1])
         time.sleep(1.0)

@@ -68,60 +68,6 @@ def _synthetic_webarena(tmp_path: Path, server_url: str, offline: Path, **sectio
     return validate_config(tiny_config(tmp_path, **deep_merge(base, sections)))
 
 
-def _when(condition: Any, action: Any, timeout: float = 900.0) -> threading.Thread:
-    """Run ``action()`` once ``condition()`` holds (polled), in a thread; errors are kept on the thread."""
-
-    def loop() -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                if condition():
-                    action()
-                    return
-            except Exception as e:  # a condition racing the run's start: try again
-                thread.error = e  # type: ignore[attr-defined]
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    return thread
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.engine
-def test_the_guard_stops_training_when_the_simulator_goes_bad(ray_cluster, tmp_path: Path) -> None:
-    """The experience model answers well for one iteration, then returns empty replies: the second iteration's
-    transitions are invalid, the guard stops the run before the learner sees them, and the message says why."""
-    from actors.driver import run_train
-
-    broken = threading.Event()
-
-    def first_iteration_done() -> bool:
-        return any(r["event"] == "iteration" for run in tmp_path.glob("t-train-*") for r in MetricsLog(run).read())
-
-    def reply(body: dict[str, Any]) -> str:
-        # Checked on each request, not polled from a thread: with ``max_staleness 0`` iteration 2 launches only
-        # after iteration 1's record is written, so every reply of iteration 2 is empty (a poller could be late).
-        if not broken.is_set() and first_iteration_done():
-            broken.set()
-        return "" if broken.is_set() else _reward_by_action(body)
-
-    offline = _webarena_offline(tmp_path / "webarena.parquet")
-    with ScriptedOpenAIServer(reply) as server:
-        cfg = _synthetic_webarena(tmp_path, server.url, offline,
-                                  train={"guard": {"window": 1, "min_steps": 4}, "max_staleness": 0})
-        with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
-            run_train(cfg)
-    run_dir = next(tmp_path.glob("t-train-*"))
-    records = _read_metrics(run_dir)
-    assert [r["iteration"] for r in records if r["event"] == "iteration"] == [1]  # nothing learned from iteration 2
-    guard = [r for r in records if r["event"] == "guard"]
-    assert len(guard) == 1 and guard[0]["tripped"] and guard[0]["invalid_rate"] == 1.0
-    driver = json.loads((run_dir / "checkpoints" / "step-000001" / "driver.json").read_text())
-    assert driver["iteration"] == 1  # the run resumes from the last good iteration
-
-
 def _worker(tmp_path: Path) -> Any:
     """Rollout worker 0 of the run under ``tmp_path`` (named ``rollout-<run>-<driver pid>-<i>``)."""
     import ray
@@ -130,55 +76,13 @@ def _worker(tmp_path: Path) -> Any:
     return ray.get_actor(f"rollout-{run.name}-{os.getpid()}-0")
 
 
-def _running_real_episodes(tmp_path: Path) -> bool:
+def _running_real_episodes(tmp_path: Path, not_pid: int | None = None) -> dict[str, Any] | None:
+    """Worker 0's progress while it runs real episodes and has taken a step (in a process other than ``not_pid``:
+    a worker Ray restarted), else None."""
     import ray
 
     p = ray.get(_worker(tmp_path).progress.remote(), timeout=10)
-    return p["running"] and p["phase"] == "real" and p["steps"] >= 1
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.engine
-@pytest.mark.parametrize("case", ["rerun", "drop"])
-def test_a_rollout_worker_killed_mid_iteration(case: str, ray_cluster, tmp_path: Path) -> None:
-    """``kill -9`` of a rollout worker while it runs real episodes. ``rerun``: Ray restarts it and its share of
-    the iteration runs again, so every GRPO group is whole. ``drop`` (``retries 0``, 2 workers): its share is
-    dropped with every other episode of its tasks; the run goes on and the restarted worker serves the next
-    iteration."""
-    import ray
-
-    from actors.driver import run_train
-
-    workers, retries = (1, 1) if case == "rerun" else (2, 0)
-    killed: dict[str, Any] = {}
-
-    def kill() -> None:  # ``progress`` answers while ``run`` holds the worker (``ready`` would wait for it)
-        killed.update(ray.get(_worker(tmp_path).progress.remote(), timeout=10))
-        os.kill(killed["pid"], signal.SIGKILL)
-
-    cfg = validate_config(tiny_config(
-        tmp_path, train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
-                         "eval": {"enabled": False}, "checkpoint_every": 0,
-                         "rollout": {"workers": workers, "retries": retries, "envs_per_worker": 3,
-                                     "num_cpus": 0.1}}))
-    watcher = _when(lambda: _running_real_episodes(tmp_path), kill)
-    s = run_train(cfg)
-    assert killed, f"the worker was never seen running real episodes: {getattr(watcher, 'error', None)!r}"
-    assert s["iterations"] == 2
-    records = _read_metrics(Path(s["run_dir"]))
-    lost = [r for r in records if r["event"] == "rollout_worker_lost"]
-    assert len(lost) == 1 and lost[0]["worker"] == 0 and lost[0]["rerun"] == (case == "rerun")
-    iters = {r["iteration"]: r for r in records if r["event"] == "iteration"}
-    hit = iters[lost[0]["iteration"] + 1]
-    if case == "rerun":
-        assert hit["rollout"]["episodes"] == 6 and hit["rollout"]["lost_tasks"] == 0
-        assert hit["groups"]["groups"] == 2 and hit["groups"]["min_group_size"] == 3  # whole groups
-    else:
-        # worker 0 held episodes of both tasks (tasks are dealt round-robin): both groups leave the batch whole
-        assert hit["rollout"]["lost_tasks"] == 2 and hit["groups"]["groups"] == 0
-    later = [it for i, it in iters.items() if i > lost[0]["iteration"] + 1]
-    assert all(it["rollout"]["episodes"] == 6 and it["rollout"]["lost_tasks"] == 0 for it in later)
+    return p if p["running"] and p["phase"] == "real" and p["steps"] >= 1 and p["pid"] != not_pid else None
 
 
 def _own_process(name: str, count: int = 1) -> Any:
@@ -191,36 +95,6 @@ def _own_process(name: str, count: int = 1) -> Any:
     return min(found, key=lambda p: p.pid)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.engine
-def test_a_policy_engine_killed_the_run_resumes_itself_from_its_checkpoint(ray_cluster, tmp_path: Path) -> None:
-    """``kill -9`` of the policy engine while a worker samples from it: a restarted engine alone would serve
-    other weights than the learner's, so the run stops naming the part that died, then resumes itself from its
-    last checkpoint (``train.auto_resume``) with every actor new, and finishes."""
-    from actors.driver import run_train
-
-    def kill_engine() -> None:
-        engine = _own_process("PolicyEngine")
-        killed.append(engine.pid)
-        engine.kill()
-
-    cfg = validate_config(tiny_config(
-        tmp_path, train={"mode": "real", "iterations": 2, "warm_start": {"method": "none"},
-                         "eval": {"enabled": False}, "checkpoint_every": 1, "auto_resume": 1}))
-    killed: list[int] = []
-    watcher = _when(lambda: _running_real_episodes(tmp_path), kill_engine)
-    s = run_train(cfg)
-    assert killed, f"the engine was never killed: {getattr(watcher, 'error', None)!r}"
-    assert s["iterations"] == 2
-    records = _read_metrics(Path(s["run_dir"]))
-    fault = [r for r in records if r["event"] == "fault"]
-    assert len(fault) == 1 and "lost an actor it was calling" in fault[0]["what"]
-    resumed = [r for r in records if r["event"] == "auto_resume"]
-    assert len(resumed) == 1 and "dreamgym train --resume" in resumed[0]["after"]
-    assert [r["iteration"] for r in records if r["event"] == "iteration"][-2:] == [1, 2]
-
-
 def _alive_actor(class_name: str) -> dict[str, Any]:
     """The one live actor of ``class_name`` in this test's Ray, from Ray's own actor table (pid included)."""
     from ray._private import state
@@ -230,138 +104,159 @@ def _alive_actor(class_name: str) -> dict[str, Any]:
     return alive[0]
 
 
-def _real_run(tmp_path: Path, **train: Any) -> Any:
-    """The cheapest run of these tests: 2 real iterations, no warm start or evaluation, a checkpoint after each
-    iteration and one automatic resume."""
-    from dreamgym.config import deep_merge
+def _in_turn(steps: list[tuple[str, Any, Any]], timeout: float = 900.0) -> threading.Thread:
+    """Run each ``(name, condition, action)`` once its ``condition()`` returns something true (polled), one after
+    the other, in a thread: ``action(found)`` gets what the condition returned. ``thread.done`` lists the steps
+    taken; ``thread.error`` keeps the last error of a condition that raced the run (a restarting actor)."""
 
-    base = {"mode": "real", "iterations": 2, "warm_start": {"method": "none"}, "eval": {"enabled": False},
-            "checkpoint_every": 1, "auto_resume": 1}
-    return validate_config(tiny_config(tmp_path, train=deep_merge(base, train)))
+    def loop() -> None:
+        deadline = time.time() + timeout
+        for name, condition, action in steps:
+            while time.time() < deadline:
+                try:
+                    found = condition()
+                    if found:
+                        action(found)
+                        thread.done.append(name)  # type: ignore[attr-defined]
+                        break
+                except Exception as e:
+                    thread.error = e  # type: ignore[attr-defined]
+                time.sleep(0.2)
+            else:
+                return
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.engine
-def test_the_curriculum_actor_killed_the_run_resumes_itself_without_a_traceback(
-        ray_cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """``kill -9`` of the curriculum actor after the first checkpoint: its next call fails, the run stops with a
-    ``fault`` naming it and resumes itself from the checkpoint (which holds the curriculum's state), and no
-    traceback reaches the output."""
-    from actors.driver import run_train
-
-    def kill_curriculum() -> None:
-        pid = _alive_actor("CurriculumActor")["Pid"]
-        killed.append(pid)
-        os.kill(pid, signal.SIGKILL)
-
-    killed: list[int] = []
-    watcher = _when(lambda: list(tmp_path.glob("t-train-*/checkpoints/step-000001/driver.json")), kill_curriculum)
-    s = run_train(_real_run(tmp_path))
-    assert killed, f"the curriculum actor was never killed: {getattr(watcher, 'error', None)!r}"
-    assert s["iterations"] == 2
-    records = _read_metrics(Path(s["run_dir"]))
-    fault = [r for r in records if r["event"] == "fault"]
-    assert len(fault) == 1 and "the curriculum actor died" in fault[0]["what"], fault
-    assert len([r for r in records if r["event"] == "auto_resume"]) == 1
-    assert [r["iteration"] for r in records if r["event"] == "iteration"][-1] == 2
-    assert "Traceback" not in capfd.readouterr().err
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.engine
-def test_a_frozen_policy_engine_is_named_within_its_bound_and_the_run_resumes(
-        ray_cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kill -STOP`` of the policy engine while a worker samples from it (alive, never answering): within
-    ``train.watchdog.engine_s`` the worker's wait ends naming the engine and the bound, the status line meanwhile
-    says what is waited for, and the run stops with a fault and resumes itself with a new engine."""
-    import actors.driver as driver
-
-    monkeypatch.setattr(driver, "STATUS_INTERVAL_S", 2.0)  # the status line is under test, not its cadence
-    bound = 12.0
-    frozen: list[tuple[int, float]] = []
-
-    def freeze() -> None:
-        pid = _alive_actor("PolicyEngine")["Pid"]
-        os.kill(pid, signal.SIGSTOP)
-        frozen.append((pid, time.time()))
-
-    watcher = _when(lambda: _running_real_episodes(tmp_path), freeze)
-    try:
-        s = driver.run_train(_real_run(tmp_path, watchdog={"engine_s": bound}))
-    finally:
-        for pid, _ in frozen:  # the run's shutdown kills it; never leave a stopped process behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-    assert frozen, f"the engine was never frozen: {getattr(watcher, 'error', None)!r}"
-    assert s["iterations"] == 2
-    records = _read_metrics(Path(s["run_dir"]))
-    fault = [r for r in records if r["event"] == "fault"]
-    assert len(fault) == 1, fault
-    what = fault[0]["what"]
-    assert "policy-engine-0 act" in what and f"within {bound:.0f} s (train.watchdog.engine_s)" in what, what
-    # The act call that hung began at most one call before the freeze: the bound is honoured within a few s.
-    assert bound - 5 <= fault[0]["time"] - frozen[0][1] <= bound + 20
-    assert len([r for r in records if r["event"] == "auto_resume"]) == 1
-    err = capfd.readouterr().err
-    assert "waits on policy-engine-0 act" in err and "Traceback" not in err
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.engine
-def test_a_frozen_experience_model_replica_is_restarted_and_its_requests_answered(ray_cluster) -> None:
-    """``kill -STOP`` of an experience-model replica: the batch waiting on it ends at
-    ``experience_model.request_timeout_s``, the router reports it by name, Ray restarts it (the stopped process
-    is killed) and the restarted replica answers the request."""
-    import psutil
-    import ray
-
-    from actors.experience_model import RayExperienceClient, start_replicas
-    from dreamgym.config import EngineConfig, ExperienceModelConfig
-    from dreamgym.experience.schema import CompletionRequest, Sampling
-
-    cfg = ExperienceModelConfig(model="tiny", request_timeout_s=5.0, max_restarts=1,
-                                engine=EngineConfig(dtype="float32", max_model_len=1024, num_cpus=0.25,
-                                                    kv_cache_gib=0.25, omp_threads=1))
-    client = RayExperienceClient(start_replicas(cfg), refresh_s=0.0, timeout_s=cfg.request_timeout_s, owns=True,
-                                 revive_timeout_s=300.0)
-    replica = client.router.replicas[0]
-    req = CompletionRequest([{"role": "user", "content": "go north"}], Sampling(max_tokens=4))
-    pid = 0
-    try:
-        assert client.complete([req])[0].finish_reason in ("stop", "length")
-        pid = ray.get(replica.info.remote())["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        again = client.complete([req])
-        took = time.monotonic() - t0
-        assert len(again) == 1 and again[0].finish_reason in ("stop", "length")
-        notes = client.router.take_notices()
-        assert len(notes) == 1 and notes[0].startswith(
-            "experience-model replica 0 (1 request(s)) made no progress within 5 s "
-            "(experience_model.request_timeout_s)") and notes[0].endswith("restarting it"), notes
-        assert took >= 5.0
-        assert client.router.hung == 1 and client.router.revived == 1
-        assert ray.get(replica.info.remote())["pid"] != pid
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    finally:
-        if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-        client.close()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.done = []  # type: ignore[attr-defined]
+    thread.start()
+    return thread
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.engine
-def test_a_replay_shard_and_the_learner_killed_lose_no_acknowledged_transition(ray_cluster, tmp_path: Path) -> None:
-    """Synthetic training (retrieval on every step) with two replay shards. ``kill -9`` of a shard after the
-    first checkpoint: its retrievals and writes wait for Ray's restart and go on. ``kill -9`` of the learner
-    after the second: the run resumes itself from that checkpoint and finishes. Afterwards the buffer holds
-    every acknowledged transition: the offline ones by id, and as many in all as the run's writes stored."""
+def test_a_run_outlives_killed_workers_curriculum_and_engine_and_a_frozen_engine(
+        ray_cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One real-mode run (2 rollout workers, ``train.rollout.retries 1``, a checkpoint per iteration,
+    ``train.auto_resume 3``) and five faults in turn, each from outside as ``kill`` would send it:
+
+    1. ``kill -9`` of rollout worker 0 while it runs real episodes of iteration 1: Ray restarts it and its share of
+       the iteration runs again, so every GRPO group is whole.
+    2. ``kill -9`` of worker 0 in iteration 2, then of its rerun: with its one retry spent its share is dropped
+       with every other episode of its tasks (it held episodes of both: tasks are dealt round-robin); the run goes
+       on and the restarted worker serves the next iteration.
+    3. ``kill -9`` of the curriculum actor after checkpoint 2: its next call fails, the run stops with a ``fault``
+       naming it and resumes itself from the checkpoint (which holds the curriculum's state).
+    4. ``kill -9`` of the policy engine while a worker samples from it: a restarted engine alone would serve other
+       weights than the learner's, so the run stops naming the part that died, then resumes itself with every
+       actor new.
+    5. ``kill -STOP`` of the policy engine (alive, never answering): within ``train.watchdog.engine_s`` the worker's
+       wait ends naming the engine and the bound, the status line meanwhile says what is waited for, and the run
+       stops with a fault and resumes itself with a new engine.
+
+    The run finishes its 3 iterations, and no traceback reaches the output."""
+    import actors.driver as driver
+
+    monkeypatch.setattr(driver, "STATUS_INTERVAL_S", 2.0)  # the status line is under test, not its cadence
+    bound = 12.0
+    killed: dict[str, int] = {}
+    frozen: list[tuple[int, float]] = []
+
+    def records() -> list[dict[str, Any]]:
+        return [r for run in tmp_path.glob("t-train-*") for r in MetricsLog(run).read()]
+
+    def count(event: str) -> int:
+        return sum(r["event"] == event for r in records())
+
+    def kill_worker(name: str) -> Any:
+        def go(progress: dict[str, Any]) -> None:
+            killed[name] = progress["pid"]
+            os.kill(progress["pid"], signal.SIGKILL)
+        return go
+
+    def kill_actor(class_name: str) -> Any:
+        def go(_: Any) -> None:
+            pid = _alive_actor(class_name)["Pid"]
+            killed[class_name] = pid
+            os.kill(pid, signal.SIGKILL)
+        return go
+
+    def freeze(_: Any) -> None:
+        pid = _alive_actor("PolicyEngine")["Pid"]
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append((pid, time.time()))
+
+    def in_session(resumes: int) -> Any:
+        return lambda: count("auto_resume") == resumes and _running_real_episodes(tmp_path)
+
+    steps = [
+        ("worker, iteration 1", lambda: _running_real_episodes(tmp_path), kill_worker("worker, iteration 1")),
+        ("worker, iteration 2", lambda: count("iteration") == 1 and _running_real_episodes(tmp_path),
+         kill_worker("worker, iteration 2")),
+        ("its rerun", lambda: _running_real_episodes(tmp_path, not_pid=killed["worker, iteration 2"]),
+         kill_worker("its rerun")),
+        ("curriculum", lambda: list(tmp_path.glob("t-train-*/checkpoints/step-000002/driver.json")),
+         kill_actor("CurriculumActor")),
+        ("engine", in_session(1), kill_actor("PolicyEngine")),
+        ("frozen engine", in_session(2), freeze),
+    ]
+    cfg = validate_config(tiny_config(
+        tmp_path, train={"mode": "real", "iterations": 3, "warm_start": {"method": "none"},
+                         "eval": {"enabled": False}, "checkpoint_every": 1, "auto_resume": 3,
+                         "watchdog": {"engine_s": bound},
+                         "rollout": {"workers": 2, "retries": 1, "envs_per_worker": 3, "num_cpus": 0.1}}))
+    watcher = _in_turn(steps)
+    try:
+        s = driver.run_train(cfg)
+    finally:
+        for pid, _ in frozen:  # the run's shutdown kills it; never leave a stopped process behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    taken = watcher.done  # type: ignore[attr-defined]
+    assert taken == [name for name, _, _ in steps], (taken, getattr(watcher, "error", None))
+    assert s["iterations"] == 3
+    recs = _read_metrics(Path(s["run_dir"]))
+    iters = {r["iteration"]: r for r in recs if r["event"] == "iteration"}
+    assert sorted(iters) == [1, 2, 3]
+
+    # 1 and 2: a rerun keeps every group whole; a spent retry drops the worker's share and its tasks' episodes
+    lost = [r for r in recs if r["event"] == "rollout_worker_lost"]
+    assert [(r["iteration"], r["worker"], r["rerun"]) for r in lost] == [(0, 0, True), (1, 0, True), (1, 0, False)]
+    assert iters[1]["rollout"]["episodes"] == 6 and iters[1]["rollout"]["lost_tasks"] == 0
+    assert iters[1]["groups"]["groups"] == 2 and iters[1]["groups"]["min_group_size"] == 3  # whole groups
+    assert iters[2]["rollout"]["lost_tasks"] == 2 and iters[2]["groups"]["groups"] == 0
+    assert iters[3]["rollout"]["episodes"] == 6 and iters[3]["rollout"]["lost_tasks"] == 0
+
+    # 3, 4 and 5: each a fault naming what failed, each followed by an automatic resume
+    fault = [r["what"] for r in recs if r["event"] == "fault"]
+    assert len(fault) == 3, fault
+    assert "the curriculum actor died" in fault[0], fault
+    assert "lost an actor it was calling" in fault[1], fault
+    assert "policy-engine-0 act" in fault[2] and f"within {bound:.0f} s (train.watchdog.engine_s)" in fault[2], fault
+    # The act call that hung began at most one call before the freeze: the bound is honoured within a few s.
+    hung = [r for r in recs if r["event"] == "fault"][2]
+    assert bound - 5 <= hung["time"] - frozen[0][1] <= bound + 20
+    resumed = [r for r in recs if r["event"] == "auto_resume"]
+    assert len(resumed) == 3 and all("dreamgym train --resume" in r["after"] for r in resumed)
+    err = capfd.readouterr().err
+    assert "waits on policy-engine-0 act" in err and "Traceback" not in err
+
+
+# A frozen experience-model replica (restarted, its requests answered): tests/test_experience_engine.py::
+# test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica.
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.engine
+def test_a_replay_shard_and_the_learner_killed_lose_nothing_then_the_guard_stops_a_bad_simulator(
+        ray_cluster, tmp_path: Path) -> None:
+    """Synthetic training (retrieval on every step) with two replay shards. ``kill -9`` of a shard after the first
+    checkpoint: its retrievals and writes wait for Ray's restart and go on. ``kill -9`` of the learner after the
+    second: the run resumes itself from that checkpoint. Once iteration 3 is recorded the experience model returns
+    empty replies: iteration 4's transitions are invalid, the guard stops the run before the learner sees them,
+    the message says why, and the last checkpoint is the last good iteration. Afterwards the buffer holds every
+    acknowledged transition: the offline ones by id, and as many in all as the run's writes stored."""
     from actors.driver import run_train
     from actors.replay import ShardedReplayBuffer
     from dreamgym.data.transitions import iter_transitions
@@ -371,25 +266,47 @@ def test_a_replay_shard_and_the_learner_killed_lose_no_acknowledged_transition(r
         return lambda: list(tmp_path.glob(f"t-train-*/checkpoints/step-{step:06d}/driver.json"))
 
     def kill(name: str, count: int = 1) -> Any:
-        def go() -> None:
+        def go(_: Any) -> None:
             p = _own_process(name, count)
             killed.append(name)
             p.kill()
         return go
 
+    broken = threading.Event()
+
+    def third_iteration_done() -> bool:
+        return any(r["event"] == "iteration" and r["iteration"] == 3
+                   for run in tmp_path.glob("t-train-*") for r in MetricsLog(run).read())
+
+    def reply(body: dict[str, Any]) -> str:
+        # Checked on each request, not polled from a thread: with ``max_staleness 0`` iteration 4 launches only
+        # after iteration 3's record is written, so every reply of iteration 4 is empty (a poller could be late).
+        if not broken.is_set() and third_iteration_done():
+            broken.set()
+        return "" if broken.is_set() else _reward_by_action(body)
+
     killed: list[str] = []
     offline = _webarena_offline(tmp_path / "webarena.parquet")
-    with ScriptedOpenAIServer(_reward_by_action) as server:
+    with ScriptedOpenAIServer(reply) as server:
         cfg = _synthetic_webarena(tmp_path, server.url, offline, replay={"shards": 2, "num_cpus": 0},
-                                  train={"auto_resume": 1})
-        watchers = [_when(checkpoint(1), kill("ReplayShard", 2)), _when(checkpoint(2), kill("LearnerActor"))]
-        s = run_train(cfg)
-    assert killed == ["ReplayShard", "LearnerActor"], [getattr(w, "error", None) for w in watchers]
-    assert s["iterations"] == 3
-    run_dir = Path(s["run_dir"])
+                                  train={"iterations": 4, "auto_resume": 1, "max_staleness": 0,
+                                         "guard": {"window": 1, "min_steps": 4}})
+        watcher = _in_turn([("shard", checkpoint(1), kill("ReplayShard", 2)),
+                            ("learner", checkpoint(2), kill("LearnerActor"))])
+        with pytest.raises(SimulatorCollapsedError, match=r"invalid transitions 100% > train\.guard\.max_invalid_rate"):
+            run_train(cfg)
+    assert killed == ["ReplayShard", "LearnerActor"], getattr(watcher, "error", None)
+    run_dir = next(tmp_path.glob("t-train-*"))
     records = _read_metrics(run_dir)
     assert len([r for r in records if r["event"] == "auto_resume"]) == 1
     assert "the learner actor died" in next(r for r in records if r["event"] == "fault")["what"]
+    # the guard: nothing learned from iteration 4, and the run resumes from the last good iteration
+    assert [r["iteration"] for r in records if r["event"] == "iteration"] == [1, 2, 3]
+    guard = [r for r in records if r["event"] == "guard"]
+    assert len(guard) == 1 and guard[0]["tripped"] and guard[0]["invalid_rate"] == 1.0
+    driver = json.loads(sorted((run_dir / "checkpoints").glob("step-*/driver.json"))[-1].read_text())
+    assert driver["iteration"] == 3
+    # the buffer: every acknowledged transition
     seeded = next(r for r in records if r["event"] == "replay_seed")["stored"]
     written = {r["iteration"]: r["replay"]["stored"] for r in records if r["event"] == "iteration"}
     assert sorted(written) == [1, 2, 3] and sum(written.values()) > 0
@@ -428,49 +345,8 @@ def test_a_stalled_experience_model_fine_tune_is_stopped_within_its_bound(
     assert not (tmp_path / "experience_model" / "dreamgym_sft.json").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.ray
-@pytest.mark.engine
-def test_sigterm_stops_the_run_and_leaves_no_process_behind(tmp_path: Path) -> None:
-    """``kill <driver>`` (SIGTERM: a scheduler, ``ray job stop``) during training: the driver cleans up like
-    Ctrl-C (exit 130) and every process it started (Ray, engines, workers, Java games) is gone. The run's output
-    until then has no line of Ray's that a user reads as an error."""
-    import subprocess
-    import sys
-
-    import psutil
-    import yaml
-
-    cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
-                      train={"mode": "real", "iterations": 20, "warm_start": {"method": "none"},
-                             "eval": {"enabled": False}, "checkpoint_every": 1})
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1"}
-    env.pop("RAY_ADDRESS", None)
-    log = (tmp_path / "train.log").open("w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dreamgym"), "train", str(tmp_path / "cfg.yaml")],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + 900
-        while not list((tmp_path / "runs").glob("t-train-*/checkpoints/step-000001/driver.json")):
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "train.log").read_text()[-3000:]
-            time.sleep(1)
-        started = psutil.Process(proc.pid).children(recursive=True)
-        assert any("ray::" in " ".join(p.cmdline()) for p in started if p.is_running())
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=180) == 130, (tmp_path / "train.log").read_text()[-3000:]
-        _, alive = psutil.wait_procs(started, timeout=60)
-        assert not alive, [(p.pid, p.cmdline()[:3]) for p in alive]
-        # A normal run's output is quiet: neither Ray's token notice nor its error line about constructor
-        # arguments in the object store (the offline data goes with each rollout call instead).
-        out = (tmp_path / "train.log").read_text()
-        assert "Token authentication" not in out and "constructor arguments in the object store" not in out, out
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+# SIGTERM of the driver (exit 130, no process left behind, quiet output):
+# tests/test_train.py::test_a_killed_driver_resumes_and_sigterm_then_stops_the_run_cleanly.
 
 
 def test_an_actor_killed_while_starting_is_a_fault_and_a_refusal_is_not(ray_cluster) -> None:

@@ -279,23 +279,5 @@ def test_plan_on_a_ray_node_with_eight_fake_gpus(tmp_path: Path) -> None:
     assert short["asked"] == [{"bundles": out["big_bundles"]}, {"bundles": []}]
 
 
-@pytest.mark.slow
-@pytest.mark.engine
-@pytest.mark.timeout(1800)
-def test_colocated_cpu_run_uses_the_plan(ray_cluster, tmp_path: Path) -> None:
-    """``train.colocate`` on CPU: the learner and the engine start in the plan's group (no second reservation),
-    and a real-mode iteration runs through the weight sync; the group is removed at the end."""
-    from test_train import tiny_config
-
-    from actors.driver import run_train
-    from dreamgym.config import validate_config
-
-    cfg = validate_config(tiny_config(tmp_path / "runs", train={
-        "mode": "real", "iterations": 1, "colocate": True, "warm_start": {"method": "none"},
-        "eval": {"at_start": False}}))
-    assert [g.name for g in plan_placement(cfg).groups] == ["colocated"]
-    s = run_train(cfg)
-    assert s["iterations"] == 1 and s["real_transitions"] > 0
-    from ray.util import placement_group_table
-
-    assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
+# ``train.colocate`` on CPU through a whole run (the learner and the engine in the plan's one group, the group
+# removed at the end): tests/test_train.py::test_ppo_trains_in_both_phases_colocated.

@@ -67,8 +67,9 @@ def ray_head(tmp_path_factory):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            # A graceful stop takes ~30 s; the whole group (head, raylet, workers) is ours, so 10 s is enough.
-            head.wait(timeout=10)
+            # A graceful stop takes ~30 s and a wait of 10 s always ended in the kill below: the whole group (head,
+            # raylet, workers) is ours, so it gets 2 s.
+            head.wait(timeout=2)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
         log.close()
@@ -130,8 +131,10 @@ def test_train_job_succeeds(ray_head, tmp_path) -> None:
     from test_train import tiny_config
 
     address, env = ray_head
-    cfg = tiny_config(tmp_path / "runs", train={"mode": "real", "iterations": 1, "warm_start": {"method": "none"},
-                                                "eval": {"at_start": False}})
+    # The smallest real run: no offline collection and no evaluation (neither differs inside a job).
+    cfg = tiny_config(tmp_path / "runs", collect={"episodes": 0},
+                      train={"mode": "real", "iterations": 1, "warm_start": {"method": "none"},
+                             "eval": {"enabled": False}})
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
     runtime_env = {"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}}
     submitted = _ray("job", "submit", "--no-wait", "--address", address, "--runtime-env-json", json.dumps(runtime_env),

@@ -84,6 +84,11 @@ class Encoder:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._model: Any = None
 
+    def load(self) -> None:
+        """Load the model now rather than at the first ``encode`` (``dreamgym train`` has each replay shard do it
+        while the policy engines start, so the first write of the run does not wait for torch and the model)."""
+        self._load()
+
     def _load(self) -> Any:
         if self._model is not None:
             return self._model
