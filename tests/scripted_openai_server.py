@@ -7,6 +7,7 @@ retry was sent with. Runs on 127.0.0.1 in a thread of the test process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -35,10 +36,8 @@ class ScriptedOpenAIServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
                     self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting (a timeout test)
-                    pass
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/") == "/v1/models":

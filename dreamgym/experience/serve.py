@@ -207,9 +207,13 @@ def build_synthetic_app(cfg: DreamGymConfig, token: str | None = None, limits: L
         parts.close()
         raise
     pool = app.state.pool
-    from dreamgym.envs.openenv_server import mount_openenv
-
-    mount_openenv(app, token, on_step=metrics.step)  # OpenEnv under /openenv: the same pool, limits and metrics
+    try:
+        from dreamgym.envs.openenv_server import mount_openenv
+    except ImportError as e:  # the OpenEnv package is a dev extra: a GPU image may not carry it
+        print(f"serve-synthetic: OpenEnv routes off ({e}); `pip install openenv-core==0.3.0` serves /openenv too",
+              flush=True)
+    else:
+        mount_openenv(app, token, on_step=metrics.step)  # OpenEnv under /openenv: the same pool, limits and metrics
 
     @app.get("/metrics")
     def get_metrics() -> dict[str, Any]:
