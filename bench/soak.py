@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": cmd, "run_dir": str(run_dir), "minutes": round((time.time() - t0) / 60, 1),
         "exit_code": code, "ended_by_itself": ended_itself, "kill_every_s": args.kill_every,
         "load_average_end": os.getloadavg(), "kills": kills, "run": summarise(records),
-        "memory_growth": growth(samples, training_since or 0.0),
+        "memory_growth": growth(samples, training_since - t0 if training_since is not None else 0.0),
         "memory_samples": samples,
     }
     write_result(result, "soak", args.out)
