@@ -14,8 +14,9 @@ from dreamgym.experience.client import FunctionClient
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.prompts import format_reply
 from dreamgym.experience.synthetic_env import SyntheticEnv
+from dreamgym.replay.records import point_id
 from dreamgym.rollout import group_stats, group_trajectories, random_valid_act, repeat_tasks, run_episodes
-from dreamgym.types import ActionSample, AgentTurn
+from dreamgym.types import ActionSample, AgentTurn, Demonstration
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +103,9 @@ def _synthetic_coin(real, tasks):
     starts = {t.task_id: real.reset(t).state for t in tasks}
     valid = {t.state: t.admissible_actions for t in demos}
 
-    def retrieve(state: str, action: str, k: int):
+    def retrieve(state: str, action: str, k: int) -> list[Demonstration]:  # the Retriever contract
         same = [d for d in demos if d.state == state and d.action == action]
-        return (same or demos)[:k]
+        return [Demonstration(transition=d, score=1.0 if same else 0.0, id=point_id(d)) for d in (same or demos)[:k]]
 
     def env(model: ExperienceModel) -> SyntheticEnv:
         return SyntheticEnv(model, retrieve, "twx:coin", top_k=2, max_steps=5,
