@@ -190,3 +190,17 @@ def test_an_episode_an_invalid_transition_ended_is_truncated_or_dropped(coin_env
     groups, left_out = group_trajectories([broken, *others], invalid_episodes="truncate")
     assert left_out == 0 and len(groups[0].trajectories) == 6 and 1.0 in groups[0].rewards
     assert group_trajectories([broken, *others])[1] == 1
+
+
+
+def test_a_retriever_that_returns_transitions_gets_a_clear_error(coin_envs) -> None:
+    real = coin_envs[0]
+    task = real.tasks(1, first=0, split="train")[0]
+    first = real.reset(task)
+    demo_trajs, _ = run_episodes([real], [task], random_valid_act(3))
+    transitions = demo_trajs[0].transitions
+    env = SyntheticEnv(_copy_model(), lambda s, a, k: transitions[:k], "twx:coin", top_k=1, max_steps=3,
+                       initial_state=lambda _t: first.state)
+    env.reset(task)
+    with pytest.raises(TypeError, match=r"must return dreamgym\.types\.Demonstration"):
+        env.step(first.admissible_actions[0])

@@ -138,6 +138,11 @@ class SyntheticEnv(Environment):
         demos = []
         if self.retrieve is not None and self.top_k > 0:
             demos = list(self.retrieve(self._state, action, self.top_k))
+            wrong = next((d for d in demos if not isinstance(d, Demonstration)), None)
+            if wrong is not None:  # a user's retriever: say what the contract is, not an AttributeError later
+                raise TypeError(f"the retriever given to SyntheticEnv returned a {type(wrong).__name__}; it must "
+                                "return dreamgym.types.Demonstration objects (transition, score, id), e.g. "
+                                "Demonstration(transition=t, score=s, id=dreamgym.replay.records.point_id(t))")
         self._last_demos = demos
         return ExperienceQuery(
             env=self.imitated, instruction=self._task.instruction, state=self._state, action=action,
