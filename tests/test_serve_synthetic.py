@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,21 @@ def play(env: Any, task: Task, actions: list[str]) -> list[tuple[Any, ...]]:
     return out
 
 
+Trace = tuple[list[tuple[Any, ...]], list[str]]
+
+
+def assert_sessions_match_in_process(session: Callable[[int], Trace], tasks: list[Task], local: Any,
+                                     coin_data: Path) -> None:
+    """Run ``session(i)`` for every task at once; each served trajectory must equal the in-process environment's
+    for the same actions (no crossed state), and the sessions must not all start from one state."""
+    with ThreadPoolExecutor(len(tasks)) as pool:
+        results = list(pool.map(session, range(len(tasks))))
+    cfg = synthetic_config(coin_data)
+    for task, (trace, actions) in zip(tasks, results, strict=True):
+        assert trace == play(local.make(cfg), task, actions), task.task_id
+    assert len({trace[0][1] for trace, _ in results}) > 1, "the sessions started from different states"
+
+
 def winning_episode(data: Path) -> tuple[str, list[str]]:
     """A successful real episode of the data: its task id and its actions."""
     from dreamgym.data.transitions import iter_transitions
@@ -179,12 +194,7 @@ def test_sixteen_concurrent_sessions_never_cross(served: str, local: Any, coin_d
         finally:
             env.close()
 
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(session, range(16)))
-    cfg = synthetic_config(coin_data)
-    for task, (trace, actions) in zip(tasks, results, strict=True):
-        assert trace == play(local.make(cfg), task, actions), task.task_id
-    assert len({trace[0][1] for trace, _ in results}) > 1, "the sessions started from different states"
+    assert_sessions_match_in_process(session, tasks, local, coin_data)
     assert requests.get(served + "/list_envs", headers=AUTH, timeout=30).json() == []
 
 
@@ -486,12 +496,7 @@ def test_sixteen_concurrent_openenv_sessions_never_cross(open_url: str, local: A
             assert env.state()["step_count"] == len(actions)
             return trace, actions
 
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(session, range(16)))
-    cfg = synthetic_config(coin_data)
-    for task, (trace, actions) in zip(tasks, results, strict=True):
-        assert trace == play(local.make(cfg), task, actions), task.task_id
-    assert len({trace[0][1] for trace, _ in results}) > 1, "the sessions started from different states"
+    assert_sessions_match_in_process(session, tasks, local, coin_data)
 
 
 class TokenClient(GenericEnvClient):
