@@ -221,7 +221,8 @@ def test_bad_requests_get_one_clear_error_each(served: str) -> None:
 
 def test_idle_sessions_are_closed_and_the_session_limit_holds(coin_data: Path) -> None:
     """In process (the app itself, no network): a session idle past the timeout is closed and says so; the 3rd
-    session of a 2-session server is refused until one closes."""
+    session of a 2-session server is refused until one closes, over AgentGym's ``/create`` (429) and OpenEnv's
+    WebSocket (its capacity error, with the pool's own text)."""
     app = build_synthetic_app(synthetic_config(coin_data), limits=Limits(max_envs=2, session_timeout_s=0.3))
     with TestClient(app) as client:
         a = client.post("/create").json()["id"]
@@ -230,6 +231,9 @@ def test_idle_sessions_are_closed_and_the_session_limit_holds(coin_data: Path) -
         b = client.post("/create").json()["id"]
         r = client.post("/create")
         assert r.status_code == 429 and "holds 2 environments already" in r.json()["error"]
+        with client.websocket_connect("/openenv/ws") as ws:  # OpenEnv's session on the same full pool
+            error = ws.receive_json()["data"]
+        assert error["code"] == "CAPACITY_REACHED" and "holds 2 environments already" in error["message"], error
         time.sleep(0.5)
         r = client.post("/step", json={"id": a, "action": "look around"})
         assert r.status_code == 404

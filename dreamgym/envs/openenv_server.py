@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from openenv.core.env_server import Action, Environment, HTTPEnvServer, Observation, State
+from openenv.core.env_server.exceptions import EnvironmentFactoryError, SessionCapacityError
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field
 
@@ -138,12 +139,36 @@ def mount_openenv(app: FastAPI, token: str | None = None,
 
     pool: EnvPool = app.state.pool
     sub = FastAPI(title=f"dreamgym OpenEnv server: {pool.spec}")
-    server = HTTPEnvServer(functools.partial(PoolSession, pool, on_step), TextAction, TextObservation,
-                           max_concurrent_envs=pool.max_envs)
+    server = _PoolEnvServer(pool, functools.partial(PoolSession, pool, on_step), TextAction, TextObservation,
+                            max_concurrent_envs=pool.max_envs)
     server.register_routes(sub)
     sub.add_exception_handler(ApiError, api_error_reply)  # type: ignore[arg-type]
     app.mount(PREFIX, _websocket_token(sub, token) if token else sub)
     return server
+
+
+class _PoolEnvServer(HTTPEnvServer):
+    """OpenEnv's server, with the pool's own refusal passed on.
+
+    OpenEnv wraps any error of the session factory as "Environment factory 'partial' failed to create instance",
+    which hides why: the shared pool is full (its AgentGym sessions count too, so OpenEnv's own session count can
+    be under the limit), or another ``ApiError``. A full pool becomes OpenEnv's capacity error (its client's
+    ``CAPACITY_REACHED``) carrying the pool's text; any other ``ApiError`` keeps its text."""
+
+    def __init__(self, pool: EnvPool, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pool = pool
+
+    async def _create_session(self) -> tuple[str, Environment]:  # OpenEnv 0.3's one place a session is made
+        try:
+            return await super()._create_session()
+        except EnvironmentFactoryError as e:
+            cause = e.__cause__
+            if not isinstance(cause, ApiError):
+                raise
+            if cause.status == 429:
+                raise SessionCapacityError(len(self._pool.ids()), self._pool.max_envs, cause.message) from cause
+            raise EnvironmentFactoryError(e.factory_name, cause.message) from cause
 
 
 def _websocket_token(inner: ASGIApp, token: str) -> ASGIApp:
