@@ -87,10 +87,13 @@ def test_unknown_game_lists_valid_names(ray_cluster, tmp_path) -> None:
     assert "twc" in str(e.value)
 
 
-def test_cli_collect_end_to_end(tmp_path) -> None:
+def test_cli_collect_end_to_end(ray_cluster, tmp_path) -> None:
+    """The command line in a process of its own, joining the session's Ray as it would a cluster (a command that
+    starts a local Ray of its own: tests/test_train.py::test_a_killed_driver_resumes_and_sigterm_...)."""
     out = tmp_path / "coin.parquet"
+    address = ray_cluster.get_runtime_context().gcs_address
     r = subprocess.run([DREAMGYM, "collect", "--env", "twx:coin", "--policy", "mixed", "--episodes", "20",
-                        "--out", str(out), "--run.out_dir", str(tmp_path / "runs"), "--ray.num_cpus", "2"],
+                        "--out", str(out), "--run.out_dir", str(tmp_path / "runs"), "--ray.address", address],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote" in r.stdout and summarise(out)["episodes"] == 20

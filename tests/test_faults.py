@@ -200,10 +200,11 @@ def test_a_run_outlives_killed_workers_curriculum_and_engine_and_a_frozen_engine
         ("frozen engine", in_session(2), freeze),
     ]
     cfg = validate_config(tiny_config(
-        tmp_path, train={"mode": "real", "iterations": 3, "warm_start": {"method": "none"},
-                         "eval": {"enabled": False}, "checkpoint_every": 1, "auto_resume": 3,
-                         "watchdog": {"engine_s": bound},
-                         "rollout": {"workers": 2, "retries": 1, "envs_per_worker": 3, "num_cpus": 0.1}}))
+        tmp_path, collect={"episodes": 0},  # no offline collection: a real-mode run needs none
+        train={"mode": "real", "iterations": 3, "warm_start": {"method": "none"},
+               "eval": {"enabled": False}, "checkpoint_every": 1, "auto_resume": 3,
+               "watchdog": {"engine_s": bound},
+               "rollout": {"workers": 2, "retries": 1, "envs_per_worker": 3, "num_cpus": 0.1}}))
     watcher = _in_turn(steps)
     try:
         s = driver.run_train(cfg)

@@ -370,10 +370,11 @@ def test_an_engine_that_cannot_start_is_one_line(coin_data: Path) -> None:
 def test_train_real_mode_against_the_served_simulator(coin_data: Path, ray_cluster, tmp_path: Path) -> None:
     """The project's own trainer as a peer: real-mode training with learner steps against the synthetic environment
     served by a second process, reached through ``remote:dreamgym``. Every step it took is in ``/metrics``, and
-    every session it opened is closed. PPO with groups of one (as ``test_train.test_ppo_trains_in_every_mode``):
-    the tiny random policy earns no reward, so GRPO groups would have no variance and no learner step; the
-    critic's step always runs. (No token: a token given in the config reaches the actors of an already running Ray only
-    through ``DREAMGYM_ENV_TOKEN`` in the workers' environment, and this cluster started before the test.)"""
+    every session it opened is closed. PPO with groups of one (as
+    ``test_train.test_ppo_trains_in_both_phases_colocated``): the tiny random policy earns no reward, so GRPO groups
+    would have no variance and no learner step; the critic's step always runs. (No token: a token given in the
+    config reaches the actors of an already running Ray only through ``DREAMGYM_ENV_TOKEN`` in the workers'
+    environment, and this cluster started before the test.)"""
     from test_train import tiny_config
 
     from actors.driver import run_train

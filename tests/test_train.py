@@ -108,32 +108,6 @@ def test_train_help_is_light() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
 @pytest.mark.engine
-def test_synthetic_mode_with_an_http_experience_model(ray_cluster, tmp_path: Path) -> None:
-    from actors.driver import run_train
-
-    with ScriptedOpenAIServer(_copy_top_demonstration) as server:
-        cfg = validate_config(tiny_config(
-            tmp_path, experience_model={"backend": "http", "url": server.url},
-            train={"mode": "synthetic", "iterations": 2, "warm_start": {"method": "none"}, "eval": {"at_start": False},
-                   "max_staleness": 1}))
-        s = run_train(cfg)
-    assert s["iterations"] == 2 and s["real_transitions"] == 0
-    assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == 0
-    # no evaluation before training (at_start false): no start figure, rather than the final one twice
-    assert s["success_start"] is None and s["success_final"] is not None
-    records = _check_run_dir(Path(s["run_dir"]), 2)
-    iters = [r for r in records if r["event"] == "iteration"]
-    for it in iters:
-        assert it["phase"] == "synthetic" and it["rollout"]["em_model_calls"] + it["rollout"]["em_settled"] > 0
-        assert it["replay"]["stored"] + it["replay"]["duplicates"] > 0  # synthetic experience went to the buffer
-    # with max_staleness 1 the second iteration's rollouts overlapped the first learner step: nothing was
-    # staler than the bound, so no group was dropped for staleness
-    assert all(it["stale_groups"] == 0 for it in iters)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # minutes on a quiet machine; a loaded 2-core box needs the margin
-@pytest.mark.engine
 def test_s2r_with_a_vllm_experience_replica_and_a_real_budget(ray_cluster, tmp_path: Path) -> None:
     from actors.driver import run_train
 
@@ -192,7 +166,8 @@ def test_a_killed_driver_resumes_and_sigterm_then_stops_the_run_cleanly(tmp_path
     then has no line of Ray's that a user reads as an error."""
     import psutil
 
-    cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2},
+    # No offline collection (a real-mode run needs none): the kill and the resume are under test.
+    cfg = tiny_config(tmp_path / "runs", ray={"num_cpus": 2}, collect={"episodes": 0},
                       train={"mode": "real", "iterations": 20, "warm_start": {"method": "none"},
                              "eval": {"enabled": False}, "checkpoint_every": 1})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
@@ -273,35 +248,6 @@ def _reward_by_action(body: dict[str, Any]) -> str:
     return format_reply("RootWebArea 'Done'", float(paid), True, paid, "the page the action leads to")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.engine
-def test_synthetic_training_needs_no_real_environment_and_takes_learner_steps(ray_cluster, tmp_path: Path) -> None:
-    """DreamGym on an environment that is not RL-ready (WebArena-Lite): with offline data and evaluation off,
-    two synthetic iterations train (new weight versions) while the environment's server does not exist: the
-    URL points at a closed port, so any reset or step of the real environment would fail the run."""
-    from actors.driver import run_train
-
-    offline = _webarena_offline(tmp_path / "webarena.parquet")
-    with ScriptedOpenAIServer(_reward_by_action) as server:
-        cfg = validate_config(tiny_config(
-            tmp_path, env={"name": "remote:webarena", "url": "http://127.0.0.1:9", "max_steps": 3},
-            experience_model={"backend": "http", "url": server.url, "top_k": 1},
-            curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
-            learner={"group_size": 4},
-            train={"mode": "synthetic", "iterations": 2, "offline_data": str(offline),
-                   "warm_start": {"method": "none"}, "eval": {"enabled": False}}))
-        s = run_train(cfg)
-    assert s["iterations"] == 2 and s["real_transitions"] == 0 and s["eval_transitions"] == 0
-    assert s["learner_steps"] == 2, s  # every synthetic iteration moved the weights
-    iters = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
-    assert [int(it["learner"]["version"]) for it in iters] == [1, 2]
-    assert all(it["rollout"]["real_resets"] == 0 and it["groups"]["mixed_groups"] >= 1 for it in iters)
-    assert {t.split("#")[0] for it in iters for t in it["tasks"]} <= {"remote:webarena/0", "remote:webarena/1"}
-    report = (Path(s["run_dir"]) / "report.md").read_text()
-    assert "synthetic episodes whose reward agrees with their success: 100%" in report
-
-
 def _pays_nothing_on_task_0(body: dict[str, Any]) -> str:
     """Task 0's episodes all earn 0 (a group without reward variance); task 1's are paid by action text."""
     if "Task: Open the page of task 0." in body["messages"][-1]["content"]:
@@ -312,10 +258,15 @@ def _pays_nothing_on_task_0(body: dict[str, Any]) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.engine
-def test_an_iteration_without_reward_variance_runs_another_round_of_tasks(ray_cluster, tmp_path: Path) -> None:
-    """``train.resample``: the first round's only group (task 0) has no reward variance, so the curriculum records
-    it and the iteration runs task 1 as well; both groups reach one learner step, and the curriculum counts each
-    group once."""
+def test_synthetic_training_needs_no_real_environment_and_resamples_a_round_without_reward_variance(
+        ray_cluster, tmp_path: Path) -> None:
+    """DreamGym on an environment that is not RL-ready (WebArena-Lite): with offline data and evaluation off,
+    two synthetic iterations train (new weight versions) while the environment's server does not exist: the
+    URL points at a closed port, so any reset or step of the real environment would fail the run.
+
+    ``train.resample`` in the same run: iteration 1's first round's only group (task 0, which the experience model
+    never pays) has no reward variance, so the curriculum records it and the iteration runs task 1 as well; both
+    groups reach one learner step, and the curriculum counts each group once."""
     from actors.driver import run_train
 
     offline = _webarena_offline(tmp_path / "webarena.parquet")
@@ -326,15 +277,23 @@ def test_an_iteration_without_reward_variance_runs_another_round_of_tasks(ray_cl
             curriculum={"seed_tasks": 2, "tasks_per_iteration": 1, "generated_fraction": 0.0, "llm_variants": 0,
                         "param_variants": 0},
             learner={"group_size": 6},
-            train={"mode": "synthetic", "iterations": 1, "offline_data": str(offline),
+            train={"mode": "synthetic", "iterations": 2, "offline_data": str(offline),
                    "resample": {"min_mixed_groups": 1, "synthetic_rounds": 2},
                    "warm_start": {"method": "none"}, "eval": {"enabled": False}}))
         s = run_train(cfg)
-    (it,) = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
+    assert s["iterations"] == 2 and s["real_transitions"] == 0 and s["eval_transitions"] == 0
+    assert s["learner_steps"] == 2, s  # every synthetic iteration moved the weights
+    iters = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
+    assert [int(it["learner"]["version"]) for it in iters] == [1, 2]
+    assert all(it["rollout"]["real_resets"] == 0 and it["groups"]["mixed_groups"] >= 1 for it in iters)
+    assert {t.split("#")[0] for it in iters for t in it["tasks"]} <= {"remote:webarena/0", "remote:webarena/1"}
+    report = (Path(s["run_dir"]) / "report.md").read_text()
+    assert "synthetic episodes whose reward agrees with their success: 100%" in report
+    # the resampled round of iteration 1
+    it = iters[0]
     assert it["rounds"] == 2 and it["tasks"] == ["remote:webarena/0", "remote:webarena/1"], it
     assert it["groups"]["groups"] == 2 and it["groups"]["mixed_groups"] == 1
     assert it["rollout"]["episodes"] == 12 and it["curriculum"]["groups"] == 2
-    assert s["learner_steps"] == 1 and int(it["learner"]["version"]) == 1
 
 
 @pytest.mark.slow
@@ -345,7 +304,14 @@ def test_ppo_trains_in_both_phases_colocated(ray_cluster, tmp_path: Path) -> Non
     phases the ``synthetic`` and ``real`` modes consist of): groups of one episode per task reach the learner,
     the critic trains in each phase, and the report shows its value loss and explained variance. The run is
     ``train.colocate`` on CPU: the learner and the engine start in the plan's one group (no second reservation),
-    the weight syncs run between them, and the group is removed at the end."""
+    the weight syncs run between them, and the group is removed at the end.
+
+    The same run shows the synthetic phase on an HTTP experience model (the copy baseline: every reply valid)
+    writing its experience to the replay buffer, ``train.max_staleness 1`` (the real iteration's rollouts overlap
+    the synthetic iteration's learner step and no group is dropped), no evaluation before training
+    (``eval.at_start false``: no start figure rather than the final one twice), and everything a run directory
+    holds. (GRPO in ``synthetic`` mode: ``test_synthetic_training_needs_no_real_environment_...`` and the tiny
+    study's DreamGym arm, tests/test_study.py.)"""
     from ray.util import placement_group_table
 
     from actors.driver import run_train
@@ -356,13 +322,20 @@ def test_ppo_trains_in_both_phases_colocated(ray_cluster, tmp_path: Path) -> Non
             tmp_path, experience_model={"backend": "http", "url": server.url},
             learner={"algorithm": "ppo", "group_size": 1},
             curriculum={"tasks_per_iteration": 4},
-            train={"mode": "s2r", "iterations": 2, "synthetic_iterations": 1, "colocate": True,
+            train={"mode": "s2r", "iterations": 2, "synthetic_iterations": 1, "colocate": True, "max_staleness": 1,
                    "warm_start": {"method": "none"}, "eval": {"at_start": False, "tasks": 2}}))
         assert [g.name for g in plan_placement(cfg).groups] == ["colocated"]
         s = run_train(cfg)
     assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
     assert s["iterations"] == 2 and s["learner_steps"] == 2, s
-    iters = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
+    assert s["synthetic_transitions"] > 0 and s["invalid_transitions"] == 0 and s["real_transitions"] > 0
+    assert s["success_start"] is None and s["success_final"] is not None
+    records = _check_run_dir(Path(s["run_dir"]), 2)
+    iters = [r for r in records if r["event"] == "iteration"]
     assert [it["phase"] for it in iters] == ["synthetic", "real"]
     assert all("value_loss" in it["learner"] and "explained_variance" in it["learner"] for it in iters)
     assert "## Critic (PPO)" in (Path(s["run_dir"]) / "report.md").read_text()
+    synthetic = iters[0]
+    assert synthetic["rollout"]["em_model_calls"] + synthetic["rollout"]["em_settled"] > 0
+    assert synthetic["replay"]["stored"] + synthetic["replay"]["duplicates"] > 0  # synthetic experience was kept
+    assert all(it["stale_groups"] == 0 for it in iters)
