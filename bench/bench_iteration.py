@@ -32,6 +32,7 @@ Prints the JSON and writes it to ``bench/results/iteration-<host>-<date>.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,24 +221,32 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "config": DEFAULT_CONFIG,
         "variants": {v: VARIANTS[v] for v in variants}, "smoke": args.smoke, "overrides": extra,
     }
-    worktree: Path | None = None
     try:
         out["current"] = measure(REPO, "current", variants, extra, work, args.timeout_s)
         if args.baseline_commit:
-            worktree = work / "baseline-tree"
-            subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_commit], cwd=REPO,
-                           check=True, capture_output=True)
-            out["baseline"] = measure(worktree, "baseline", variants, extra, work, args.timeout_s)
+            with baseline_tree(args.baseline_commit, work) as worktree:
+                out["baseline"] = measure(worktree, "baseline", variants, extra, work, args.timeout_s)
             out["speedup"] = ratios(out["baseline"], out["current"], variants)
     finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False,
-                           capture_output=True)
         if args.keep:
             print(f"run directories kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
     write_result(out, "iteration", args.out)
+
+
+@contextlib.contextmanager
+def baseline_tree(commit: str, work: Path) -> Iterator[Path]:
+    """``commit`` checked out in a temporary git worktree under ``work``, removed afterwards: run with this
+    checkout's virtual environment and ``PYTHONPATH`` pointing at it, it is the baseline arm of a side-by-side run."""
+    worktree = work / "baseline-tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), commit], cwd=REPO, check=True,
+                   capture_output=True)
+    try:
+        yield worktree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False,
+                       capture_output=True)
 
 
 def write_result(out: dict[str, Any], name: str, path: str | None = None) -> Path:

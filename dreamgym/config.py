@@ -624,6 +624,11 @@ class ExperienceTrainConfig(Section):
     micro_batch_tokens: int = Field(default=4_096, ge=64)
     """Padded tokens per forward: a step's examples are grouped longest first into right-padded micro-batches of at
     most this many tokens (an example longer than it goes alone). Lower it when activations do not fit."""
+    forward: Literal["shared-prefix", "padded"] = "shared-prefix"
+    """How a micro-batch's examples run, the same loss either way: ``shared-prefix`` runs the token prefix they
+    share (the system text, the task) once and each example's own tokens unpadded on its key/value cache, the LM
+    head on reply positions only (``learner.sft_experience.shared_prefix_nll``: about half the CPU time of
+    ``padded`` on the default config); ``padded`` right-pads them into one forward (fewer, larger kernels)."""
     max_seq_len: int = Field(default=1536, ge=64)
     """Longest prompt + reply in tokens; demonstrations are dropped (last first) until an example fits,
     and an example that still does not fit is skipped."""

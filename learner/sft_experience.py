@@ -16,10 +16,13 @@ optimizer batch)::
     L = -log p(R | ctx) - log p(s_{t+1}, r, done, success | ctx, R)
 
 Both terms are logged per token (``reasoning_nll``, ``state_nll``). Training is plain torch on the
-learner's model helpers: fp32 master weights, AdamW, the ``batch_size`` examples of a step right-padded into
-micro-batches of at most ``micro_batch_tokens`` padded tokens (similar lengths together, as in the learner), gradients
-accumulated over them; ``method: lora`` trains peft adapters and merges them
-before saving. The output is an HF folder (weights, tokenizer, generation config) that vLLM serves.
+learner's model helpers: fp32 master weights, fused AdamW, the ``batch_size`` examples of a step in micro-batches of
+at most ``micro_batch_tokens`` padded tokens (similar lengths together, as in the learner), gradients accumulated over
+them. A micro-batch runs its examples' common token prefix (the system text, the task) once and each example's
+own tokens unpadded on its key/value cache (``forward: shared-prefix``, ``shared_prefix_nll``: about half the time of
+right-padding them into one forward, ``forward: padded``, ``batch_nll``; the same loss). ``method: lora`` trains
+peft adapters and merges them before saving. The output is an HF folder (weights, tokenizer, generation config)
+that vLLM serves.
 """
 
 from __future__ import annotations
@@ -218,12 +221,63 @@ def batch_nll(model: nn.Module, batch: Sequence[SFTExample], bf16: bool = False,
     return (nll * in_reasoning).sum(1), (nll * in_outcome).sum(1)
 
 
+def shared_prefix_nll(model: nn.Module, batch: Sequence[SFTExample], bf16: bool = False, device: str = "cpu",
+                      min_prefix: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_nll`` without padding and without repeating the prefix the examples share.
+
+    Every prompt opens with the same chat-rendered system text and, on one environment, the same task: about 40%
+    of an example's tokens on the default config (390 of 931). That common token prefix runs once (``use_cache``),
+    and each example's own tokens run on top of its key/value cache, one unpadded sequence each (position ids
+    go on from the prefix). The LM head runs only on the positions that predict a reply token. Gradients flow
+    through the prefix's keys and values (the cache holds ordinary graph nodes), so the per-example NLLs and their
+    gradients are those of the plain forward within float rounding. The prefix stops at least one token before
+    the shortest prompt, so every reply token is predicted in an example's own pass. Without a shared prefix of
+    ``min_prefix`` tokens (``learner.shared_prefix.MIN_PREFIX``), or on a model whose cache cannot be shared
+    (``learner.shared_prefix.unsupported``), each example runs alone from its first token."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import DynamicCache
+
+    from learner.model import is_peft
+    from learner.shared_prefix import MIN_PREFIX, common_prefix_len, unsupported
+
+    rows = [ex.prompt_ids + ex.reasoning_ids + ex.outcome_ids for ex in batch]
+    p = min(common_prefix_len(rows), min(len(ex.prompt_ids) for ex in batch) - 1) if len(batch) > 1 else 0
+    config = (model.get_base_model() if is_peft(model) else model).config
+    if p < (MIN_PREFIX if min_prefix is None else min_prefix) or unsupported(model) is not None:
+        p = 0
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if p:
+        cache = DynamicCache(config=config)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            model(input_ids=torch.tensor([rows[0][:p]], device=device), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+    nll_r, nll_o = [], []
+    for ex, row in zip(batch, rows, strict=True):
+        own = DynamicCache(config=config)
+        for i, (k, v) in enumerate(kv):
+            own.update(k, v, i)  # a copy per example: its own pass appends to it, the prefix's stays as it is
+        n, reply = len(row), len(row) - len(ex.prompt_ids)
+        # Hidden state j predicts token j+1: the last `reply + 1` positions hold the reply's predictors and the
+        # end-of-sequence position, which predicts nothing and is dropped.
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(input_ids=torch.tensor([row[p:]], device=device), past_key_values=own if p else None,
+                           use_cache=bool(p), position_ids=torch.arange(p, n, device=device)[None, :],
+                           logits_to_keep=reply + 1).logits
+        nll = F.cross_entropy(logits[0, :-1].float(), torch.tensor(row[n - reply:], device=device), reduction="none")
+        nll_r.append(nll[: len(ex.reasoning_ids)].sum())
+        nll_o.append(nll[len(ex.reasoning_ids):].sum())
+    return torch.stack(nll_r), torch.stack(nll_o)
+
+
 def sft_step(model: nn.Module, opt: torch.optim.Optimizer, params: list[torch.Tensor], batch: Sequence[SFTExample],
              micro_batch_tokens: int, bf16: bool = False, device: str = "cpu",
-             pad_id: int = 0) -> tuple[float, float, int, int]:
+             pad_id: int = 0, forward: str = "shared-prefix") -> tuple[float, float, int, int]:
     """One optimizer step on ``batch``: the loss of the module docstring (summed NLL over the batch's reply
     tokens, normalised by their count), accumulated over micro-batches of at most ``micro_batch_tokens`` padded
-    tokens (``learner.batching.micro_batches``), gradients clipped to norm 1. Returns the summed reasoning and
+    tokens (``learner.batching.micro_batches``), gradients clipped to norm 1. ``forward``: ``shared-prefix``
+    (``shared_prefix_nll``) or ``padded`` (``batch_nll``), the same loss. Returns the summed reasoning and
     outcome NLL and their token counts."""
     import torch
 
@@ -235,7 +289,9 @@ def sft_step(model: nn.Module, opt: torch.optim.Optimizer, params: list[torch.Te
     opt.zero_grad(set_to_none=True)
     sum_r = sum_o = 0.0
     for idx in micro_batches([len(ex) for ex in batch], micro_batch_tokens):
-        nll_r, nll_o = batch_nll(model, [batch[i] for i in idx], bf16=bf16, device=device, pad_id=pad_id)
+        part = [batch[i] for i in idx]
+        nll_r, nll_o = (shared_prefix_nll(model, part, bf16=bf16, device=device) if forward == "shared-prefix"
+                        else batch_nll(model, part, bf16=bf16, device=device, pad_id=pad_id))
         ((nll_r.sum() + nll_o.sum()) / denom).backward()
         sum_r += float(nll_r.detach().sum())
         sum_o += float(nll_o.detach().sum())
@@ -297,7 +353,9 @@ def _train(
     if t.method == "lora":
         model = add_lora(model, LoraConfig(enabled=True, r=t.lora_r, alpha=float(t.lora_alpha)))
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    # The fused kernel: one pass over the weights instead of a dozen per-op passes, 2 s -> ~0.4 s a step on SmolLM2
+    # (135M fp32 weights) on 2 cores; the same update within float rounding.
+    opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=True)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     rng = random.Random(cfg.run.seed)
     order = [i for _ in range(t.epochs) for i in rng.sample(range(len(examples)), len(examples))]
@@ -311,7 +369,7 @@ def _train(
         for g in opt.param_groups:
             g["lr"] = _lr(step, t.warmup_steps, t.lr)
         sum_r, sum_o, n_r, n_o = sft_step(model, opt, params, [examples[i] for i in batch], t.micro_batch_tokens,
-                                          bf16=bf16, device=t.device, pad_id=pad_id)
+                                          bf16=bf16, device=t.device, pad_id=pad_id, forward=t.forward)
         denom = max(n_r + n_o, 1)
         tokens += sum(len(examples[i]) for i in batch)
         rec = {"step": step + 1, "loss": (sum_r + sum_o) / denom, "reasoning_nll": sum_r / max(n_r, 1),
