@@ -45,6 +45,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the figures of this tree's dreamgym, whatever the caller's path
+
+from dreamgym.experience.accounting import InvalidAccounting, counts_from  # noqa: E402
+
 DEFAULT_CONFIG = "dreamgym/configs/train.yaml"
 
 #: ``--smoke``: the smallest run that still has one synthetic and one real iteration with a learner step.
@@ -114,6 +118,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                 "invalid_transition_rate": float(ro.get("invalid_transition_rate", 0.0)),
                 "learner_tokens": tokens, "learner_sequences": float(lm.get("sequences", 0.0)),
                 "learner_tokens_per_action": tokens / learned_actions if tokens and learned_actions else None,
+                "experience_model_tokens": em_tokens(ro, steps) if ev["phase"] == "synthetic" else None,
                 "transitions_per_s": steps / split["total"] if split["total"] else 0.0,
                 "rollout_transitions_per_s": steps / (split["policy_sampling"] + split["experience_model"]
                                                       + split["retrieval"] + split["real_env"] or 1.0),
@@ -140,9 +145,21 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "invalid_transition_rate": sum(i["invalid_transition_rate"] for i in items) / n,
             "per_iteration": items,
         }
+        if phase == "synthetic":  # the experience model's tokens over the phase's iterations
+            total = InvalidAccounting()
+            for ev in events:
+                if ev["event"] == "iteration" and ev["phase"] == phase:
+                    total += counts_from(ev.get("rollout", {}))
+            out[phase]["experience_model_tokens"] = total.token_figures(int(steps))
     if "synthetic" in out:
         out["synthetic_transitions_per_s"] = out["synthetic"]["transitions_per_s"]
     return out
+
+
+def em_tokens(rollout: dict[str, Any], steps: float) -> dict[str, float | None]:
+    """The experience model's tokens, calls and engine batches of one synthetic iteration (its ``em_*`` rollout
+    counters, ``InvalidAccounting.token_figures``)."""
+    return counts_from(rollout).token_figures(int(steps))
 
 
 def run_train(tree: Path, config: str, overrides: list[str], out_dir: Path, name: str, timeout_s: float) -> Path:
@@ -195,6 +212,18 @@ def ratios(base: dict[str, Any], cur: dict[str, Any], variants: list[str]) -> di
     return out
 
 
+def new_over_old(base: dict[str, Any], cur: dict[str, Any], variants: list[str]) -> dict[str, Any]:
+    """``current / baseline`` of synthetic transitions per second (the first variant at the top level, each variant
+    under its name), the form the issues' targets are written in."""
+    out: dict[str, Any] = {}
+    for v in variants:
+        b, c = base.get(v, {}).get("synthetic_transitions_per_s"), cur.get(v, {}).get("synthetic_transitions_per_s")
+        if b and c:
+            out.setdefault("synthetic_transitions_per_s", round(c / b, 3))
+            out[v] = {"synthetic_transitions_per_s": round(c / b, 3)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default="default,more", help=f"comma-separated, of {', '.join(VARIANTS)}")
@@ -228,6 +257,7 @@ def main() -> None:
                            check=True, capture_output=True)
             out["baseline"] = measure(worktree, "baseline", variants, extra, work, args.timeout_s)
             out["speedup"] = ratios(out["baseline"], out["current"], variants)
+            out["ratios"] = new_over_old(out["baseline"], out["current"], variants)
     finally:
         if worktree is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False,
