@@ -54,6 +54,10 @@ class InvalidAccounting:
     engine_running: int = 0
     engine_waiting: int = 0
     engine_us: int = 0
+    engine_prefill_steps: int = 0
+    """Of ``engine_steps``: those that began with new requests (their prompts computed), and their wall time
+    (``engine_prefill_us``): what the prompts cost beside the generated tokens."""
+    engine_prefill_us: int = 0
 
     @property
     def invalid_rate(self) -> float:
@@ -68,12 +72,15 @@ class InvalidAccounting:
         self.engine_running += reply.engine_running
         self.engine_waiting += reply.engine_waiting
         self.engine_us += reply.engine_us
+        self.engine_prefill_steps += reply.engine_prefill_steps
+        self.engine_prefill_us += reply.engine_prefill_us
 
     def token_figures(self, transitions: int) -> dict[str, float | None]:
         """Where the experience model's tokens and time went (``None`` with nothing to divide by): per call, prompt,
         generated and prefix-cached tokens; calls per transition (``transitions``: synthetic steps, settled ones
         included) and per model-asked query (retries included); the engine's mean running and waiting requests
-        per step, milliseconds per step and per generated token, and its busy seconds (summed over replicas)."""
+        per step, milliseconds per step and per generated token, and its busy seconds (summed over replicas), of
+        which the steps that began with new requests (computing prompts) took ``prefill_busy_s``."""
         def ratio(a: float, b: float, digits: int = 3) -> float | None:
             return round(a / b, digits) if b else None
 
@@ -89,7 +96,12 @@ class InvalidAccounting:
                 "mean_waiting_per_step": ratio(self.engine_waiting, self.engine_steps, 2),
                 "ms_per_step": ratio(self.engine_us / 1000, self.engine_steps, 2),
                 "ms_per_generated_token": ratio(self.engine_us / 1000, self.completion_tokens, 2),
-                "engine_busy_s": round(self.engine_us / 1e6, 2)}
+                "engine_busy_s": round(self.engine_us / 1e6, 2),
+                "prefill_steps": self.engine_prefill_steps,
+                "prefill_busy_s": round(self.engine_prefill_us / 1e6, 2),
+                "ms_per_prefill_step": ratio(self.engine_prefill_us / 1000, self.engine_prefill_steps, 2),
+                "ms_per_other_step": ratio((self.engine_us - self.engine_prefill_us) / 1000,
+                                           self.engine_steps - self.engine_prefill_steps, 2)}
 
     def rule_shares(self) -> dict[str, float | None]:
         """What the rules did and what the model did alone (``None`` with nothing to count): the share of steps

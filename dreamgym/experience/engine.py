@@ -90,6 +90,8 @@ class _Pending:
     running: int = 0
     waiting: int = 0
     us: int = 0
+    prefill_steps: int = 0
+    prefill_us: int = 0
 
 
 class AsyncEngine:
@@ -147,6 +149,7 @@ class AsyncEngine:
                     items.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
+            added = 0
             for item in items:
                 if item is None:
                     continue
@@ -154,6 +157,7 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(rid, prompt, params)
                     pending[rid] = waiter
+                    added += 1
                 except Exception as e:  # a request the engine refuses fails alone
                     _resolve(waiter, Completion("", f"error:{type(e).__name__}: {e}"[:200],
                                                 prompt_tokens=waiter.prompt_tokens))
@@ -169,7 +173,7 @@ class AsyncEngine:
                 self._error = e
                 _fail_all(pending, e)
                 return
-            self._book_step(pending, outputs, time.perf_counter() - t0)
+            self._book_step(pending, outputs, time.perf_counter() - t0, added)
             for out in outputs:
                 if out.finished and out.request_id in pending:
                     w = pending.pop(out.request_id)
@@ -177,12 +181,14 @@ class AsyncEngine:
                     _resolve(w, Completion(text=o.text, finish_reason=str(o.finish_reason or "stop"),
                                            prompt_tokens=w.prompt_tokens, completion_tokens=len(o.token_ids),
                                            cached_tokens=int(out.num_cached_tokens or 0), engine_steps=w.steps,
-                                           engine_running=w.running, engine_waiting=w.waiting, engine_us=w.us))
+                                           engine_running=w.running, engine_waiting=w.waiting, engine_us=w.us,
+                                           engine_prefill_steps=w.prefill_steps, engine_prefill_us=w.prefill_us))
 
-    def _book_step(self, pending: dict[str, _Pending], outputs: list[Any], seconds: float) -> None:
+    def _book_step(self, pending: dict[str, _Pending], outputs: list[Any], seconds: float, added: int) -> None:
         """Book one ``step()`` on one request it ran (the first one pending): how many requests ran, how many
-        waited, how long it took. Summed over replies, these count every step once (``Completion.engine_steps``):
-        the batch sizes the engine really ran, at the cost of a few integer additions per step."""
+        waited, how long it took, and whether requests had just arrived (``added``: the step computes their
+        prompts). Summed over replies, these count every step once (``Completion.engine_steps``): the batch sizes
+        the engine really ran, at the cost of a few integer additions per step."""
         finished = sum(1 for o in outputs if o.finished)
         counts = self._scheduler_counts()
         if counts is None:  # no scheduler to ask: every unfinished request counts as running
@@ -194,6 +200,9 @@ class AsyncEngine:
         w.running += running
         w.waiting += waiting
         w.us += int(seconds * 1e6)
+        if added:
+            w.prefill_steps += 1
+            w.prefill_us += int(seconds * 1e6)
 
     def _scheduler_counts(self) -> tuple[int, int] | None:
         """(running, waiting) requests of the in-process engine core's scheduler, or None where it is not reachable

@@ -106,6 +106,10 @@ class Completion:
     """Requests that waited in the booked steps (not scheduled: no room in the KV cache), summed over them."""
     engine_us: int = 0
     """Wall time of the booked steps, microseconds."""
+    engine_prefill_steps: int = 0
+    """Of the booked steps, those that began with new requests (so computed their prompts' uncached tokens
+    beside the running requests' next tokens), and their wall time (``engine_prefill_us``)."""
+    engine_prefill_us: int = 0
 
 
 @dataclass
