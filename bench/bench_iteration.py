@@ -21,7 +21,8 @@ rollout wall time).
 
 ``--baseline-commit SHA`` runs the same config (the same path in that commit's tree) on an earlier commit,
 checked out in a temporary git worktree with the same virtual environment, so each speed-up is a ratio
-from one run on one machine. ``--smoke``: 1 synthetic + 1 real iteration with few episodes, no experience-model
+from one run on one machine (``--current-overrides``: settings for this tree only, e.g. ones the baseline does
+not have). ``--smoke``: 1 synthetic + 1 real iteration with few episodes, no experience-model
 SFT and no evaluation, to show the benchmark works (not a measurement).
 
     .venv/bin/python bench/bench_iteration.py [--smoke] [--baseline-commit SHA] [--variants default,more]
@@ -232,6 +233,8 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per training run")
     ap.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/iteration-<host>-<date>.json)")
+    ap.add_argument("--current-overrides", default="", help="overrides for this tree only, space-separated "
+                    "(settings the baseline commit does not know, e.g. '--experience_model.speculative_tokens 4')")
     ap.add_argument("overrides", nargs="*", help="extra `--section.field VALUE` overrides (after `--`)")
     args = ap.parse_args()
     variants = args.variants.split(",")
@@ -247,10 +250,12 @@ def main() -> None:
         "bench": "iteration", "host": socket.gethostname(), "cpus": os.cpu_count(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "config": DEFAULT_CONFIG,
         "variants": {v: VARIANTS[v] for v in variants}, "smoke": args.smoke, "overrides": extra,
+        "current_overrides": args.current_overrides.split(),
     }
     worktree: Path | None = None
     try:
-        out["current"] = measure(REPO, "current", variants, extra, work, args.timeout_s)
+        out["current"] = measure(REPO, "current", variants, [*extra, *args.current_overrides.split()], work,
+                                 args.timeout_s)
         if args.baseline_commit:
             worktree = work / "baseline-tree"
             subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_commit], cwd=REPO,
