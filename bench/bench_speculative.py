@@ -27,11 +27,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_experience_model import _batches, _queries
+from bench_experience_model import _batches
 
 from dreamgym.config import EngineConfig, ExperienceModelConfig
 from dreamgym.experience.accounting import InvalidAccounting
+from dreamgym.experience.evaluate import build_items
 from dreamgym.experience.prompts import STOP, build_messages
+from dreamgym.experience.retrieval import TransitionIndex
 from dreamgym.experience.schema import Sampling
 from dreamgym.experience.setup import engine_options, prompt_options
 
@@ -45,7 +47,12 @@ def one(args: argparse.Namespace, setting: str) -> dict[str, Any]:
                           cpu_binds=[args.cpu_bind] if args.cpu_bind else [], block_size=block or None)
     cfg = ExperienceModelConfig(model=args.model, engine=engine, top_k=2, history_steps=2, demo_state_max_chars=300,
                                 history_state_max_chars=200, speculative_tokens=tokens)
-    queries = _queries(Path(args.data), Path(args.store or args.data), cfg, args.queries)
+    from dreamgym.data.transitions import iter_transitions
+
+    data = list(iter_transitions(args.data))
+    store = TransitionIndex(data if args.store is None else iter_transitions(args.store))
+    # each query's own episode left out of its demonstrations, as for a step the model has not seen
+    queries = [it.query for it in build_items(data[: args.queries], store, prompt_options(cfg), leave_episode_out=True)]
     client = InProcessClient(engine_options(cfg, args.model, 0))
     try:
         opts = prompt_options(cfg)
