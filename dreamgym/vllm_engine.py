@@ -99,7 +99,6 @@ class VllmPolicy:
             max_model_len=e.max_model_len,
             enforce_eager=e.enforce_eager,
             enable_prefix_caching=e.prefix_caching,
-            block_size=e.block_size,
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             **kwargs,

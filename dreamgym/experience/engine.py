@@ -48,7 +48,6 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
     speculative_tokens: int = 0
-    block_size: int | None = None
 
 
 #: Prompt-lookup proposals match the reply's last 2 to 4 tokens in the prompt (vLLM's n-gram proposer).
@@ -132,7 +131,7 @@ class AsyncEngine:
         args = EngineArgs(
             model=self.opts.model, dtype=self.opts.dtype, max_model_len=self.opts.max_model_len,
             enable_prefix_caching=self.opts.prefix_caching, enforce_eager=self.opts.enforce_eager,
-            seed=self.opts.seed, block_size=self.opts.block_size, disable_log_stats=True, **kw,
+            seed=self.opts.seed, disable_log_stats=True, **kw,
         )
         self.engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
         self.tokenizer = self.engine.get_tokenizer()

@@ -41,7 +41,6 @@ def engine_options(cfg: ExperienceModelConfig, model_path: str, index: int = 0) 
         enforce_eager=e.enforce_eager, seed=e.seed + index, kv_cache_gib=e.kv_cache_gib,
         omp_threads=e.omp_threads, cpu_bind=bind, device=e.device, gpu_memory_utilization=e.gpu_memory_utilization,
         tensor_parallel_size=e.tensor_parallel_size, speculative_tokens=cfg.speculative_tokens,
-        block_size=e.block_size,
     )
 
 
