@@ -7,7 +7,10 @@ dedicated stepping thread adds the requests that arrive and calls ``step()`` whi
 so requests that arrive while others run join the running batch (continuous batching); each caller
 awaits an asyncio future the thread resolves. Prefix caching is on, so the constant system prompt of
 every request is computed once. Chat messages are rendered with the model's chat template and sent as
-token ids.
+token ids. Each reply carries what the engine did for it (``Completion.cached_tokens``, and the ``engine_*`` counts
+of the steps booked on it: every ``step()`` is booked once, on one request it ran), so the callers' tallies show
+the batches the engine really ran. ``speculative_tokens`` turns on vLLM's prompt-lookup (n-gram) speculative
+decoding: a reply that copies its prompt (a next state repeating a demonstration's) takes fewer steps.
 
 The Ray replica (``actors/experience_model.py``) wraps one; ``InProcessClient`` runs one for scripts
 and the CLI that do not use Ray. vLLM reads its environment variables when it is imported, so
