@@ -186,6 +186,28 @@ def _query(index: TransitionIndex, action: str):  # type: ignore[no-untyped-def]
                            demonstrations=index(HALL, action, 1), admissible_actions=index.admissible(HALL))
 
 
+def test_speculative_decoding_writes_the_same_reply_in_fewer_engine_steps(controlled: Controlled) -> None:
+    """``experience_model.speculative_tokens``: prompt-lookup drafts copied from the prompt (the demonstration's
+    next state is the reply's) are verified by the model, so the greedy reply is the one it writes alone, token for
+    token, and the engine takes fewer steps than it writes tokens."""
+    from dreamgym.experience.engine import InProcessClient
+    from dreamgym.experience.setup import engine_options
+
+    cfg = _engine_cfg(controlled.model, speculative_tokens=4)
+    client = InProcessClient(engine_options(cfg, str(controlled.model)))
+    try:
+        model = build_model(cfg, client)
+        index = TransitionIndex.from_parquet(controlled.data)
+        pred = model.predict_one(_query(index, "go north"))
+    finally:
+        client.close()
+    # what the replicas write without drafts (test_replicas_serve_synthetic_episodes_...), the same fields
+    assert pred.valid and (pred.next_state, pred.reward, pred.done, pred.success, pred.reasoning) == (
+        KITCHEN, 1.0, True, True, "The agent goes north.")
+    st = model.stats
+    assert st.model_calls == 1 and 0 < st.engine_steps < st.completion_tokens, st.counts()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
