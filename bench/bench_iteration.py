@@ -21,7 +21,8 @@ rollout wall time).
 
 ``--baseline-commit SHA`` runs the same config (the same path in that commit's tree) on an earlier commit,
 checked out in a temporary git worktree with the same virtual environment, so each speed-up is a ratio
-from one run on one machine. ``--smoke``: 1 synthetic + 1 real iteration with few episodes, no experience-model
+from one run on one machine (``--current-overrides``: settings for this tree only, e.g. ones the baseline does
+not have). ``--smoke``: 1 synthetic + 1 real iteration with few episodes, no experience-model
 SFT and no evaluation, to show the benchmark works (not a measurement).
 
     .venv/bin/python bench/bench_iteration.py [--smoke] [--baseline-commit SHA] [--variants default,more]
@@ -47,6 +48,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the figures of this tree's dreamgym, whatever the caller's path
+
+from dreamgym.experience.accounting import InvalidAccounting, counts_from  # noqa: E402
+
 DEFAULT_CONFIG = "dreamgym/configs/train.yaml"
 
 #: ``--smoke``: the smallest run that still has one synthetic and one real iteration with a learner step.
@@ -116,6 +121,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                 "invalid_transition_rate": float(ro.get("invalid_transition_rate", 0.0)),
                 "learner_tokens": tokens, "learner_sequences": float(lm.get("sequences", 0.0)),
                 "learner_tokens_per_action": tokens / learned_actions if tokens and learned_actions else None,
+                "experience_model_tokens": em_tokens(ro, steps) if ev["phase"] == "synthetic" else None,
                 "transitions_per_s": steps / split["total"] if split["total"] else 0.0,
                 "rollout_transitions_per_s": steps / (split["policy_sampling"] + split["experience_model"]
                                                       + split["retrieval"] + split["real_env"] or 1.0),
@@ -142,9 +148,21 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "invalid_transition_rate": sum(i["invalid_transition_rate"] for i in items) / n,
             "per_iteration": items,
         }
+        if phase == "synthetic":  # the experience model's tokens over the phase's iterations
+            total = InvalidAccounting()
+            for ev in events:
+                if ev["event"] == "iteration" and ev["phase"] == phase:
+                    total += counts_from(ev.get("rollout", {}))
+            out[phase]["experience_model_tokens"] = total.token_figures(int(steps))
     if "synthetic" in out:
         out["synthetic_transitions_per_s"] = out["synthetic"]["transitions_per_s"]
     return out
+
+
+def em_tokens(rollout: dict[str, Any], steps: float) -> dict[str, float | None]:
+    """The experience model's tokens, calls and engine batches of one synthetic iteration (its ``em_*`` rollout
+    counters, ``InvalidAccounting.token_figures``)."""
+    return counts_from(rollout).token_figures(int(steps))
 
 
 def run_train(tree: Path, config: str, overrides: list[str], out_dir: Path, name: str, timeout_s: float) -> Path:
@@ -197,6 +215,18 @@ def ratios(base: dict[str, Any], cur: dict[str, Any], variants: list[str]) -> di
     return out
 
 
+def new_over_old(base: dict[str, Any], cur: dict[str, Any], variants: list[str]) -> dict[str, Any]:
+    """``current / baseline`` of synthetic transitions per second (the first variant at the top level, each variant
+    under its name), the form the issues' targets are written in."""
+    out: dict[str, Any] = {}
+    for v in variants:
+        b, c = base.get(v, {}).get("synthetic_transitions_per_s"), cur.get(v, {}).get("synthetic_transitions_per_s")
+        if b and c:
+            out.setdefault("synthetic_transitions_per_s", round(c / b, 3))
+            out[v] = {"synthetic_transitions_per_s": round(c / b, 3)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default="default,more", help=f"comma-separated, of {', '.join(VARIANTS)}")
@@ -205,6 +235,8 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="per training run")
     ap.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/iteration-<host>-<date>.json)")
+    ap.add_argument("--current-overrides", default="", help="overrides for this tree only, space-separated "
+                    "(settings the baseline commit does not know, e.g. '--experience_model.speculative_tokens 4')")
     ap.add_argument("overrides", nargs="*", help="extra `--section.field VALUE` overrides (after `--`)")
     args = ap.parse_args()
     variants = args.variants.split(",")
@@ -220,13 +252,16 @@ def main() -> None:
         "bench": "iteration", "host": socket.gethostname(), "cpus": os.cpu_count(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "config": DEFAULT_CONFIG,
         "variants": {v: VARIANTS[v] for v in variants}, "smoke": args.smoke, "overrides": extra,
+        "current_overrides": args.current_overrides.split(),
     }
     try:
-        out["current"] = measure(REPO, "current", variants, extra, work, args.timeout_s)
+        out["current"] = measure(REPO, "current", variants, [*extra, *args.current_overrides.split()], work,
+                                 args.timeout_s)
         if args.baseline_commit:
             with baseline_tree(args.baseline_commit, work) as worktree:
                 out["baseline"] = measure(worktree, "baseline", variants, extra, work, args.timeout_s)
             out["speedup"] = ratios(out["baseline"], out["current"], variants)
+            out["ratios"] = new_over_old(out["baseline"], out["current"], variants)
     finally:
         if args.keep:
             print(f"run directories kept in {work}", file=sys.stderr)

@@ -763,6 +763,12 @@ class ExperienceModelConfig(Section):
     """On retry after a malformed greedy reply (which would repeat itself), sample at this temperature."""
     max_tokens_cap: int = Field(default=1024, ge=8)
     """On retry after a reply cut by the token limit, ``max_tokens`` doubles up to this cap."""
+    speculative_tokens: int = Field(default=0, ge=0, le=16)
+    """Prompt-lookup (n-gram) speculative decoding in the replicas' engines (``backend: ray`` and ``local``): at
+    each step the engine proposes up to this many tokens copied from where the reply's last words recur in the
+    prompt (a next state repeats a demonstration's or the current state's text, a rationale quotes the state) and
+    the model checks them all in one pass, keeping those it would have written itself: greedy replies are the same
+    tokens, in fewer engine steps. 0: off."""
     history_steps: int = Field(default=4, ge=0)
     """``H``: how many earlier steps of the episode the prompt shows."""
     top_k: int = Field(default=3, ge=0)

@@ -132,8 +132,17 @@ def test_replicas_serve_synthetic_episodes_and_route_around_a_dead_replica(ray_c
         router = client.router
         sent_before = list(router.sent)
         queries = [_query(index, "go north") for _ in range(8)]
+        tally = model.stats.copy()
         assert all(p.valid and p.success for p in model.predict(queries))
         assert all(after - before >= 2 for after, before in zip(router.sent, sent_before, strict=True))
+        # What the replicas' engines ran, counted per reply: the 8 identical prompts (4 per replica, all in flight at
+        # once) ran in batches of more than one, and the prefix cache served part of their prompts (the replicas
+        # answered this prompt before). Each step is booked once: its time is real and its batch within 1..8.
+        spent = model.stats - tally
+        fig = spent.token_figures(len(queries))
+        assert spent.model_calls == 8 and spent.engine_steps > 0 and spent.engine_us > 0, spent.counts()
+        assert 1 < fig["mean_running_per_step"] <= 8 and fig["calls_per_transition"] == 1.0, fig  # type: ignore[operator]
+        assert 0 < spent.cached_tokens < spent.prompt_tokens and spent.completion_tokens > 0, spent.counts()
         # ... and routes around a replica that died.
         ray.kill(replicas[0])
         time.sleep(1.0)
@@ -175,6 +184,28 @@ def _query(index: TransitionIndex, action: str):  # type: ignore[no-untyped-def]
 
     return ExperienceQuery(env=TOY_ENV, instruction="Go to the kitchen.", state=HALL, action=action,
                            demonstrations=index(HALL, action, 1), admissible_actions=index.admissible(HALL))
+
+
+def test_speculative_decoding_writes_the_same_reply_in_fewer_engine_steps(controlled: Controlled) -> None:
+    """``experience_model.speculative_tokens``: prompt-lookup drafts copied from the prompt (the demonstration's
+    next state is the reply's) are verified by the model, so the greedy reply is the one it writes alone, token for
+    token, and the engine takes fewer steps than it writes tokens."""
+    from dreamgym.experience.engine import InProcessClient
+    from dreamgym.experience.setup import engine_options
+
+    cfg = _engine_cfg(controlled.model, speculative_tokens=4)
+    client = InProcessClient(engine_options(cfg, str(controlled.model)))
+    try:
+        model = build_model(cfg, client)
+        index = TransitionIndex.from_parquet(controlled.data)
+        pred = model.predict_one(_query(index, "go north"))
+    finally:
+        client.close()
+    # what the replicas write without drafts (test_replicas_serve_synthetic_episodes_...), the same fields
+    assert pred.valid and (pred.next_state, pred.reward, pred.done, pred.success, pred.reasoning) == (
+        KITCHEN, 1.0, True, True, "The agent goes north.")
+    st = model.stats
+    assert st.model_calls == 1 and 0 < st.engine_steps < st.completion_tokens, st.counts()
 
 
 def _free_port() -> int:

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from dreamgym.experience.schema import Completion
+
 
 @dataclass
 class InvalidAccounting:
@@ -43,10 +45,63 @@ class InvalidAccounting:
     """Malformed-reply reasons over all attempts (``missing:<reward>``, ``reward:out-of-range``...)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``: served by the engine's prefix cache (``Completion.cached_tokens``)."""
+    engine_steps: int = 0
+    """Engine ``step()`` calls booked on these calls' replies; with ``engine_running``, ``engine_waiting`` (requests
+    run / left waiting, summed over the steps) and ``engine_us`` (their wall time): the batches the replicas ran
+    (``Completion.engine_steps``; 0 from backends that do not say)."""
+    engine_running: int = 0
+    engine_waiting: int = 0
+    engine_us: int = 0
+    engine_prefill_steps: int = 0
+    """Of ``engine_steps``: those that began with new requests (their prompts computed), and their wall time
+    (``engine_prefill_us``): what the prompts cost beside the generated tokens."""
+    engine_prefill_us: int = 0
 
     @property
     def invalid_rate(self) -> float:
         return self.invalid / self.queries if self.queries else 0.0
+
+    def add_reply(self, reply: Completion) -> None:
+        """Count one backend reply's tokens and the engine steps booked on it."""
+        self.prompt_tokens += reply.prompt_tokens
+        self.completion_tokens += reply.completion_tokens
+        self.cached_tokens += reply.cached_tokens
+        self.engine_steps += reply.engine_steps
+        self.engine_running += reply.engine_running
+        self.engine_waiting += reply.engine_waiting
+        self.engine_us += reply.engine_us
+        self.engine_prefill_steps += reply.engine_prefill_steps
+        self.engine_prefill_us += reply.engine_prefill_us
+
+    def token_figures(self, transitions: int) -> dict[str, float | None]:
+        """Where the experience model's tokens and time went (``None`` with nothing to divide by): per call, prompt,
+        generated and prefix-cached tokens; calls per transition (``transitions``: synthetic steps, settled ones
+        included) and per model-asked query (retries included); the engine's mean running and waiting requests
+        per step, milliseconds per step and per generated token, and its busy seconds (summed over replicas), of
+        which the steps that began with new requests (computing prompts) took ``prefill_busy_s``."""
+        def ratio(a: float, b: float, digits: int = 3) -> float | None:
+            return round(a / b, digits) if b else None
+
+        asked = self.queries - self.settled
+        return {"calls": self.model_calls, "calls_per_transition": ratio(self.model_calls, transitions),
+                "calls_per_model_query": ratio(self.model_calls, asked),
+                "prompt_tokens_per_call": ratio(self.prompt_tokens, self.model_calls, 1),
+                "generated_tokens_per_call": ratio(self.completion_tokens, self.model_calls, 1),
+                "cached_tokens_per_call": ratio(self.cached_tokens, self.model_calls, 1),
+                "prefix_cache_hit_share": ratio(self.cached_tokens, self.prompt_tokens),
+                "engine_steps": self.engine_steps,
+                "mean_running_per_step": ratio(self.engine_running, self.engine_steps, 2),
+                "mean_waiting_per_step": ratio(self.engine_waiting, self.engine_steps, 2),
+                "ms_per_step": ratio(self.engine_us / 1000, self.engine_steps, 2),
+                "ms_per_generated_token": ratio(self.engine_us / 1000, self.completion_tokens, 2),
+                "engine_busy_s": round(self.engine_us / 1e6, 2),
+                "prefill_steps": self.engine_prefill_steps,
+                "prefill_busy_s": round(self.engine_prefill_us / 1e6, 2),
+                "ms_per_prefill_step": ratio(self.engine_prefill_us / 1000, self.engine_prefill_steps, 2),
+                "ms_per_other_step": ratio((self.engine_us - self.engine_prefill_us) / 1000,
+                                           self.engine_steps - self.engine_prefill_steps, 2)}
 
     def rule_shares(self) -> dict[str, float | None]:
         """What the rules did and what the model did alone (``None`` with nothing to count): the share of steps

@@ -7,7 +7,10 @@ dedicated stepping thread adds the requests that arrive and calls ``step()`` whi
 so requests that arrive while others run join the running batch (continuous batching); each caller
 awaits an asyncio future the thread resolves. Prefix caching is on, so the constant system prompt of
 every request is computed once. Chat messages are rendered with the model's chat template and sent as
-token ids.
+token ids. Each reply carries what the engine did for it (``Completion.cached_tokens``, and the ``engine_*`` counts
+of the steps booked on it: every ``step()`` is booked once, on one request it ran), so the callers' tallies show
+the batches the engine really ran. ``speculative_tokens`` turns on vLLM's prompt-lookup (n-gram) speculative
+decoding: a reply that copies its prompt (a next state repeating a demonstration's) takes fewer steps.
 
 The Ray replica (``actors/experience_model.py``) wraps one; ``InProcessClient`` runs one for scripts
 and the CLI that do not use Ray. vLLM reads its environment variables when it is imported, so
@@ -21,6 +24,7 @@ import asyncio
 import os
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +50,19 @@ class EngineOptions:
     device: str = "cpu"
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
+    speculative_tokens: int = 0
+
+
+#: Prompt-lookup proposals match the reply's last 2 to 4 tokens in the prompt (vLLM's n-gram proposer).
+NGRAM_MIN, NGRAM_MAX = 2, 4
+
+
+def speculative_config(tokens: int) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for prompt-lookup decoding of up to ``tokens`` draft tokens (None: off)."""
+    if tokens <= 0:
+        return None
+    return {"method": "ngram", "num_speculative_tokens": tokens, "prompt_lookup_min": NGRAM_MIN,
+            "prompt_lookup_max": NGRAM_MAX}
 
 
 def engine_env(opts: EngineOptions) -> dict[str, str]:
@@ -71,6 +88,13 @@ class _Pending:
     future: asyncio.Future[Completion]
     loop: asyncio.AbstractEventLoop
     prompt_tokens: int
+    steps: int = 0
+    """Engine steps booked on this request (``Completion.engine_steps``), and their totals below."""
+    running: int = 0
+    waiting: int = 0
+    us: int = 0
+    prefill_steps: int = 0
+    prefill_us: int = 0
 
 
 class AsyncEngine:
@@ -104,6 +128,9 @@ class AsyncEngine:
         from dreamgym.placement import vllm_parallel_kwargs
 
         kw.update(vllm_parallel_kwargs(self.opts.tensor_parallel_size))
+        spec = speculative_config(self.opts.speculative_tokens)
+        if spec is not None:
+            kw["speculative_config"] = spec
         args = EngineArgs(
             model=self.opts.model, dtype=self.opts.dtype, max_model_len=self.opts.max_model_len,
             enable_prefix_caching=self.opts.prefix_caching, enforce_eager=self.opts.enforce_eager,
@@ -125,6 +152,7 @@ class AsyncEngine:
                     items.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
+            added = 0
             for item in items:
                 if item is None:
                     continue
@@ -132,6 +160,7 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(rid, prompt, params)
                     pending[rid] = waiter
+                    added += 1
                 except Exception as e:  # a request the engine refuses fails alone
                     _resolve(waiter, Completion("", f"error:{type(e).__name__}: {e}"[:200],
                                                 prompt_tokens=waiter.prompt_tokens))
@@ -140,18 +169,50 @@ class AsyncEngine:
                 return
             if not pending:
                 continue
+            t0 = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except BaseException as e:  # the engine is broken: fail every waiter, refuse new work
                 self._error = e
                 _fail_all(pending, e)
                 return
+            self._book_step(pending, outputs, time.perf_counter() - t0, added)
             for out in outputs:
                 if out.finished and out.request_id in pending:
                     w = pending.pop(out.request_id)
                     o = out.outputs[0]
                     _resolve(w, Completion(text=o.text, finish_reason=str(o.finish_reason or "stop"),
-                                           prompt_tokens=w.prompt_tokens, completion_tokens=len(o.token_ids)))
+                                           prompt_tokens=w.prompt_tokens, completion_tokens=len(o.token_ids),
+                                           cached_tokens=int(out.num_cached_tokens or 0), engine_steps=w.steps,
+                                           engine_running=w.running, engine_waiting=w.waiting, engine_us=w.us,
+                                           engine_prefill_steps=w.prefill_steps, engine_prefill_us=w.prefill_us))
+
+    def _book_step(self, pending: dict[str, _Pending], outputs: list[Any], seconds: float, added: int) -> None:
+        """Book one ``step()`` on one request it ran (the first one pending): how many requests ran, how many
+        waited, how long it took, and whether requests had just arrived (``added``: the step computes their
+        prompts). Summed over replies, these count every step once (``Completion.engine_steps``): the batch sizes
+        the engine really ran, at the cost of a few integer additions per step."""
+        finished = sum(1 for o in outputs if o.finished)
+        counts = self._scheduler_counts()
+        if counts is None:  # no scheduler to ask: every unfinished request counts as running
+            running, waiting = len(pending), 0
+        else:  # requests finished in this step have already left the scheduler's running list
+            running, waiting = counts[0] + finished, counts[1]
+        w = next(iter(pending.values()))
+        w.steps += 1
+        w.running += running
+        w.waiting += waiting
+        w.us += int(seconds * 1e6)
+        if added:
+            w.prefill_steps += 1
+            w.prefill_us += int(seconds * 1e6)
+
+    def _scheduler_counts(self) -> tuple[int, int] | None:
+        """(running, waiting) requests of the in-process engine core's scheduler, or None where it is not reachable
+        (a vLLM whose engine core runs elsewhere, or whose scheduler does not say)."""
+        core = getattr(getattr(self.engine, "engine_core", None), "engine_core", None)
+        counts = getattr(getattr(core, "scheduler", None), "get_request_counts", None)
+        return None if counts is None else tuple(counts())  # type: ignore[return-value]
 
     # -- requests -------------------------------------------------------------------------------
     def render(self, messages: list[Message]) -> list[int]:

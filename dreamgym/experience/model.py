@@ -120,8 +120,7 @@ class ExperienceModel:
                     st.retries += len(pending)
                 retry: list[tuple[int, list[dict[str, str]], Sampling]] = []
                 for (i, messages, sampling), reply in zip(pending, replies, strict=True):
-                    st.prompt_tokens += reply.prompt_tokens
-                    st.completion_tokens += reply.completion_tokens
+                    st.add_reply(reply)
                     pred, first = self._parse(reply, attempt, queries[i], st)
                     if first is not None:
                         first_reply[i] = first

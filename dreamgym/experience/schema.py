@@ -94,6 +94,22 @@ class Completion:
     the backend refused the request (e.g. the prompt does not fit the context)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``: those the engine's prefix cache served (not computed again)."""
+    engine_steps: int = 0
+    """Engine steps booked on this request. The in-process engine books each of its ``step()`` calls on exactly one
+    request it ran (with the step's running and waiting request counts and its wall time, the ``engine_*`` fields
+    below), so summing over replies counts every step once: ``engine_running / engine_steps`` is the mean batch."""
+    engine_running: int = 0
+    """Requests the engine ran in the booked steps, summed over them."""
+    engine_waiting: int = 0
+    """Requests that waited in the booked steps (not scheduled: no room in the KV cache), summed over them."""
+    engine_us: int = 0
+    """Wall time of the booked steps, microseconds."""
+    engine_prefill_steps: int = 0
+    """Of the booked steps, those that began with new requests (so computed their prompts' uncached tokens
+    beside the running requests' next tokens), and their wall time (``engine_prefill_us``)."""
+    engine_prefill_us: int = 0
 
 
 @dataclass

@@ -40,7 +40,7 @@ def engine_options(cfg: ExperienceModelConfig, model_path: str, index: int = 0) 
         model=model_path, dtype=e.resolved_dtype(), max_model_len=e.max_model_len, prefix_caching=e.prefix_caching,
         enforce_eager=e.enforce_eager, seed=e.seed + index, kv_cache_gib=e.kv_cache_gib,
         omp_threads=e.omp_threads, cpu_bind=bind, device=e.device, gpu_memory_utilization=e.gpu_memory_utilization,
-        tensor_parallel_size=e.tensor_parallel_size,
+        tensor_parallel_size=e.tensor_parallel_size, speculative_tokens=cfg.speculative_tokens,
     )
 
 
