@@ -37,6 +37,36 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
+def prefix_micro_batches(seqs: Sequence[Sequence[int]], token_budget: int) -> list[list[int]]:
+    """Micro-batches for the shared-prefix forward (``learner.shared_prefix``), by the same budget counted the way
+    that forward runs them: a micro-batch costs ``P + (max_len - P) * count``, ``P`` its sequences' common prefix
+    (``shareable_prefix_len``: the prefix runs once; 0 below ``MIN_PREFIX``). Sequences are taken in token order,
+    so those that share the longest prefixes (the steps of one state, the episodes of one task) sit side by side,
+    and packed greedily."""
+    from learner.shared_prefix import MIN_PREFIX, common_prefix_len
+
+    order = sorted(range(len(seqs)), key=lambda i: (list(seqs[i]), i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    lcp = cur_max = cur_min = 0
+    for i in order:
+        n = len(seqs[i])
+        if cur:
+            new_lcp = min(lcp, common_prefix_len([seqs[cur[-1]], seqs[i]]))
+            new_max, new_min = max(cur_max, n), min(cur_min, n)
+            p = min(new_lcp, new_min - 1)
+            p = p if p >= MIN_PREFIX else 0  # the forward would not share it
+            if p + (new_max - p) * (len(cur) + 1) <= token_budget:
+                cur.append(i)
+                lcp, cur_max, cur_min = new_lcp, new_max, new_min
+                continue
+            batches.append(cur)
+        cur, lcp, cur_max, cur_min = [i], n, n, n
+    if cur:
+        batches.append(cur)
+    return batches
+
+
 @dataclass
 class MicroBatch:
     """Padded tensors of one micro-batch; per-target tensors are ``[B, T-1]`` (column ``j`` is token ``j+1``)."""

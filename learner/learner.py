@@ -35,9 +35,10 @@ from dreamgym.hardware import native_bf16
 from dreamgym.types import Group, WeightVersion
 from learner import checkpoint
 from learner import data_parallel as dp
-from learner.batching import collate, micro_batches
+from learner.batching import collate, micro_batches, prefix_micro_batches
 from learner.model import add_lora, is_peft, load_causal_lm, shard_fsdp, sync_weights, token_logprobs
 from learner.sequences import TokenSequence, assign_weights, build_batch, build_ppo_batch
+from learner.shared_prefix import prefix_token_logprobs, unsupported
 
 if TYPE_CHECKING:
     import torch
@@ -170,6 +171,23 @@ class Learner:
             return torch.autocast(device_type=self.device, dtype=torch.bfloat16)
         return nullcontext()
 
+    def _token_logprobs(self, model: torch.nn.Module, mb: Any, temperature: float,
+                        needed: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """``token_logprobs`` of micro-batch ``mb`` and the token positions run: with ``learner.shared_prefix``
+        the rows' common prefix runs once (``learner.shared_prefix``), else every row's tokens."""
+        if not self.cfg.shared_prefix:
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, needed), mb.num_tokens
+        out = prefix_token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, needed)
+        return out.logprobs, out.forwarded_tokens
+
+    def _micro_batches(self, seqs: Sequence[TokenSequence]) -> list[list[int]]:
+        """Micro-batches of ``seqs`` within ``micro_batch_tokens``; when the forward shares prefixes
+        (``learner.shared_prefix`` on and supported by the model as it is now), grouped by shared prefix and
+        budgeted with each micro-batch's prefix counted once (``prefix_micro_batches``)."""
+        if self.cfg.shared_prefix and unsupported(self.model) is None:
+            return prefix_micro_batches([s.input_ids for s in seqs], self.cfg.micro_batch_tokens)
+        return micro_batches([len(s) for s in seqs], self.cfg.micro_batch_tokens)
+
     def _reference_logprobs(self, mb: Any) -> torch.Tensor | None:
         import torch
 
@@ -178,9 +196,9 @@ class Learner:
         with torch.no_grad(), self._autocast():
             if is_peft(self.model):
                 with self.model.disable_adapter():
-                    return token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, mb.mask)
+                    return self._token_logprobs(self.model, mb, self.temperature, mb.mask)[0]
             assert self.reference is not None
-            return token_logprobs(self.reference, mb.input_ids, mb.attention_mask, self.temperature, mb.mask)
+            return self._token_logprobs(self.reference, mb, self.temperature, mb.mask)[0]
 
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
         """Teacher-forced ``log p(x_j | x_<j)``, ``j >= 1``, of each token sequence (no grad, eval mode)."""
@@ -192,10 +210,10 @@ class Learner:
         was_training = self.model.training
         self.model.eval()
         try:
-            for idx in micro_batches([len(s) for s in seqs], self.cfg.micro_batch_tokens):
+            for idx in self._micro_batches(seqs):
                 mb = collate(seqs, idx, self.pad_id, self.device)
                 with torch.no_grad(), self._autocast():
-                    lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature)
+                    lp = self._token_logprobs(self.model, mb, temperature)[0]
                 for row, i in enumerate(idx):
                     out[i] = lp[row, : len(seqs[i]) - 1].tolist()
         finally:
@@ -213,8 +231,9 @@ class Learner:
         ``clip_frac``, ``ratio_mean``, ``kl_old`` / ``kl_ref`` (per policy token), ``engine_kl_mean`` /
         ``engine_kl_max`` (the engine/learner gap: k3 estimate of ``KL(engine || learner)`` per policy token
         that has engine log-probs, over ``engine_tokens`` tokens), with ``learner.tis`` ``tis_weight_mean``
-        and ``tis_capped_frac``, ``optimizer_steps``, ``version``, ``processed_tokens`` (all non-padding
-        tokens run forward and backward), ``seconds`` and ``tokens_per_s``. PPO adds the critic's metrics
+        and ``tis_capped_frac``, ``optimizer_steps``, ``version``, ``processed_tokens`` (the token positions
+        the policy ran forward and backward: no padding, and a micro-batch's shared prefix once with
+        ``learner.shared_prefix``), ``seconds`` and ``tokens_per_s``. PPO adds the critic's metrics
         (``_ppo_step``).
         """
         if self.cfg.algorithm == "ppo":
@@ -296,11 +315,11 @@ class Learner:
         for part in parts:
             if train_policy:
                 self.optimizer.zero_grad(set_to_none=True)
-                for idx in micro_batches([len(s) for s in part], c.micro_batch_tokens):
+                for idx in self._micro_batches(part):
                     mb = collate(part, idx, self.pad_id, self.device)
                     ref = self._reference_logprobs(mb)
                     with self._autocast():
-                        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature, mb.mask)
+                        logp, forwarded = self._token_logprobs(self.model, mb, self.temperature, mb.mask)
                     if old_logprobs is None:
                         learner_old = logp.detach()
                     else:
@@ -322,7 +341,7 @@ class Learner:
                         logp, old, mb.advantages, weights, mb.mask, c.clip_low, c.clip_high, ref, c.kl_coef
                     )
                     terms.loss.backward()
-                    processed_tokens += mb.num_tokens
+                    processed_tokens += forwarded
                     sums["loss"] += float(terms.loss.detach())
                     sums["tokens"] += terms.tokens
                     sums["clipped"] += terms.clipped

@@ -155,7 +155,7 @@ def prefix_token_logprobs(
         if b < 2:
             reason = "a batch of one row has nothing to share"
         elif p < min_prefix:
-            reason = f"the rows share {p} tokens, fewer than {min_prefix}"
+            reason = f"the rows share fewer than {min_prefix} tokens"
     if reason is not None:
         lp = token_logprobs(model, input_ids, attention_mask, temperature, needed)
         return PrefixForward(lp, 0, int(sum(lengths)), _fallback(reason))
