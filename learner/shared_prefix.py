@@ -118,6 +118,11 @@ def unsupported(model: nn.Module) -> str | None:
         return "gradient checkpointing drops the KV cache in training"
     if not hasattr(inner, "config"):
         return f"{type(inner).__name__} is not a transformers model (no config for its KV cache)"
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=inner.config).layers):
+        return f"{type(inner).__name__}'s cache has sliding-window or other non-full layers"
     return None
 
 
@@ -161,15 +166,9 @@ def prefix_token_logprobs(
         return PrefixForward(lp, 0, int(sum(lengths)), _fallback(reason))
 
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
     inner = model.get_base_model() if is_peft(model) else model
     cache = DynamicCache(config=inner.config)
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
-        lp = token_logprobs(model, input_ids, attention_mask, temperature, needed)
-        reason = f"{type(inner).__name__}'s cache has sliding-window or other non-full layers"
-        return PrefixForward(lp, 0, int(sum(lengths)), _fallback(reason))
-
     device = input_ids.device
     t = input_ids.shape[1]
     targets = input_ids[:, 1:]
