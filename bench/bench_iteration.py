@@ -121,7 +121,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                 "invalid_transition_rate": float(ro.get("invalid_transition_rate", 0.0)),
                 "learner_tokens": tokens, "learner_sequences": float(lm.get("sequences", 0.0)),
                 "learner_tokens_per_action": tokens / learned_actions if tokens and learned_actions else None,
-                "experience_model_tokens": em_tokens(ro, steps) if ev["phase"] == "synthetic" else None,
+                "experience_model_tokens": (counts_from(ro).token_figures(int(steps)) if ev["phase"] == "synthetic"
+                                            else None),
                 "transitions_per_s": steps / split["total"] if split["total"] else 0.0,
                 "rollout_transitions_per_s": steps / (split["policy_sampling"] + split["experience_model"]
                                                       + split["retrieval"] + split["real_env"] or 1.0),
@@ -157,12 +158,6 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     if "synthetic" in out:
         out["synthetic_transitions_per_s"] = out["synthetic"]["transitions_per_s"]
     return out
-
-
-def em_tokens(rollout: dict[str, Any], steps: float) -> dict[str, float | None]:
-    """The experience model's tokens, calls and engine batches of one synthetic iteration (its ``em_*`` rollout
-    counters, ``InvalidAccounting.token_figures``)."""
-    return counts_from(rollout).token_figures(int(steps))
 
 
 def run_train(tree: Path, config: str, overrides: list[str], out_dir: Path, name: str, timeout_s: float) -> Path:

@@ -12,6 +12,11 @@ from typing import Any
 from dreamgym.experience.schema import Completion
 
 
+def _ratio(a: float, b: float, digits: int = 3) -> float | None:
+    """``a / b`` rounded to ``digits``, ``None`` with nothing to divide by."""
+    return round(a / b, digits) if b else None
+
+
 @dataclass
 class InvalidAccounting:
     queries: int = 0
@@ -81,39 +86,33 @@ class InvalidAccounting:
         included) and per model-asked query (retries included); the engine's mean running and waiting requests
         per step, milliseconds per step and per generated token, and its busy seconds (summed over replicas), of
         which the steps that began with new requests (computing prompts) took ``prefill_busy_s``."""
-        def ratio(a: float, b: float, digits: int = 3) -> float | None:
-            return round(a / b, digits) if b else None
-
         asked = self.queries - self.settled
-        return {"calls": self.model_calls, "calls_per_transition": ratio(self.model_calls, transitions),
-                "calls_per_model_query": ratio(self.model_calls, asked),
-                "prompt_tokens_per_call": ratio(self.prompt_tokens, self.model_calls, 1),
-                "generated_tokens_per_call": ratio(self.completion_tokens, self.model_calls, 1),
-                "cached_tokens_per_call": ratio(self.cached_tokens, self.model_calls, 1),
-                "prefix_cache_hit_share": ratio(self.cached_tokens, self.prompt_tokens),
+        return {"calls": self.model_calls, "calls_per_transition": _ratio(self.model_calls, transitions),
+                "calls_per_model_query": _ratio(self.model_calls, asked),
+                "prompt_tokens_per_call": _ratio(self.prompt_tokens, self.model_calls, 1),
+                "generated_tokens_per_call": _ratio(self.completion_tokens, self.model_calls, 1),
+                "cached_tokens_per_call": _ratio(self.cached_tokens, self.model_calls, 1),
+                "prefix_cache_hit_share": _ratio(self.cached_tokens, self.prompt_tokens),
                 "engine_steps": self.engine_steps,
-                "mean_running_per_step": ratio(self.engine_running, self.engine_steps, 2),
-                "mean_waiting_per_step": ratio(self.engine_waiting, self.engine_steps, 2),
-                "ms_per_step": ratio(self.engine_us / 1000, self.engine_steps, 2),
-                "ms_per_generated_token": ratio(self.engine_us / 1000, self.completion_tokens, 2),
+                "mean_running_per_step": _ratio(self.engine_running, self.engine_steps, 2),
+                "mean_waiting_per_step": _ratio(self.engine_waiting, self.engine_steps, 2),
+                "ms_per_step": _ratio(self.engine_us / 1000, self.engine_steps, 2),
+                "ms_per_generated_token": _ratio(self.engine_us / 1000, self.completion_tokens, 2),
                 "engine_busy_s": round(self.engine_us / 1e6, 2),
                 "prefill_steps": self.engine_prefill_steps,
                 "prefill_busy_s": round(self.engine_prefill_us / 1e6, 2),
-                "ms_per_prefill_step": ratio(self.engine_prefill_us / 1000, self.engine_prefill_steps, 2),
-                "ms_per_other_step": ratio((self.engine_us - self.engine_prefill_us) / 1000,
-                                           self.engine_steps - self.engine_prefill_steps, 2)}
+                "ms_per_prefill_step": _ratio(self.engine_prefill_us / 1000, self.engine_prefill_steps, 2),
+                "ms_per_other_step": _ratio((self.engine_us - self.engine_prefill_us) / 1000,
+                                            self.engine_steps - self.engine_prefill_steps, 2)}
 
     def rule_shares(self) -> dict[str, float | None]:
         """What the rules did and what the model did alone (``None`` with nothing to count): the share of steps
         the admissible rule settled (or would have, when off), the share of first replies that keep the reward
         rule, and the share whose reward the final outcome kept."""
-        def share(a: int, b: int) -> float | None:
-            return round(a / b, 4) if b else None
-
-        return {"settled_share": share(self.settled, self.queries),
-                "would_settle_share": share(self.settled + self.unsettled, self.queries),
-                "first_reply_rule_agreement": share(self.first_rule_ok, self.first_parsed),
-                "first_reply_final_agreement": share(self.first_final_agree, self.first_final)}
+        return {"settled_share": _ratio(self.settled, self.queries, 4),
+                "would_settle_share": _ratio(self.settled + self.unsettled, self.queries, 4),
+                "first_reply_rule_agreement": _ratio(self.first_rule_ok, self.first_parsed, 4),
+                "first_reply_final_agreement": _ratio(self.first_final_agree, self.first_final, 4)}
 
     def counts(self) -> dict[str, int]:
         """The counters by name (every field but ``reasons``), in declaration order."""
