@@ -389,9 +389,13 @@ class Run:
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def checkpoint(self) -> None:
+        """The learner's checkpoint (a run that only evaluates has no learner: the initial weights need none), then
+        the curriculum's state and the driver's counters."""
         t0 = time.perf_counter()
         d = checkpoint_dir(self.run_dir, self.state.iteration)
-        self.remote(self.a.learner.save_checkpoint.remote(str(d)), f"the checkpoint {d.name}")
+        if self.a.learner is not None:
+            self.remote(self.a.learner.save_checkpoint.remote(str(d)), f"the checkpoint {d.name}")
+        d.mkdir(parents=True, exist_ok=True)
         self.state.wall_seconds += time.time() - self.t_session
         self.t_session = time.time()
         save_driver_state(d, self.state, self.remote(self.a.curriculum.state_dict.remote(),
@@ -606,7 +610,8 @@ class Run:
                        lambda m: self.record("warm_start", 0, **m), get=self.remote)
             st.warm_started = True
             st.add_phase("warm_start", time.perf_counter() - t0)
-        if int(self.remote(self.a.learner.version.remote(), "asking the learner its weight version")) > 0:
+        if self.a.learner is not None and int(self.remote(self.a.learner.version.remote(),
+                                                          "asking the learner its weight version")) > 0:
             t0 = time.perf_counter()  # resumed or warm-started weights
             rep = self.remote(self.a.learner.sync.remote(self.a.engines), "the weight sync to the policy engines")
             st.add_phase("sync", time.perf_counter() - t0)

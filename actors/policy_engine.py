@@ -219,7 +219,7 @@ def create_policy_engines(
                          "(actors.placement.actor_options of dreamgym.placement.plan_placement)")
     if placements is not None and len(placements) != count:
         raise ValueError(f"{len(placements)} placements for {count} policy engines")
-    env = engine_env(cfg.engine.device, cfg.engine.omp_threads)
+    env = engine_env(cfg.engine.device, cfg.engine.omp_threads, cfg.engine.enforce_eager)
     handles = []
     for i in range(count):
         env_i = dict(env)

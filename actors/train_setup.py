@@ -38,8 +38,9 @@ from actors.files import check_shared_run_dir, ship_file
 from dreamgym.config import DreamGymConfig
 from dreamgym.errors import ConfigError, TrainingFaultError
 from dreamgym.placement import CURRICULUM_CPUS, PlacementPlan, plan_placement, shares_gpus
-from dreamgym.schedule import Schedule
+from dreamgym.schedule import Schedule, steps_learner, uses_replay
 from dreamgym.types import Transition
+from learner.checkpoint import META_FILE, read_meta
 
 #: Seconds between status lines while a long setup stage (the experience-model SFT) runs.
 STATUS_INTERVAL_S = 30.0
@@ -116,14 +117,15 @@ def check_resources(cfg: DreamGymConfig, log: Callable[[str], None] = print,
 def run_dir_roles(cfg: DreamGymConfig) -> dict[str, dict[str, float]]:
     """The roles that read or write the run directory, each with its Ray resource demand: the learner
     (checkpoints), the experience-model SFT task (the fine-tuned model) and the replicas that load it, and the
-    replay shards of an embedded buffer. Rollout workers and the curriculum read nothing there."""
+    replay shards of an embedded buffer. Rollout workers and the curriculum read nothing there; a run without a
+    learner or replay shards (``steps_learner``, ``uses_replay``) has none of them."""
     le, em = cfg.learner, cfg.experience_model
-    roles = {"learner": {"CPU": le.num_cpus, "GPU": le.num_gpus}}
+    roles = {"learner": {"CPU": le.num_cpus, "GPU": le.num_gpus}} if steps_learner(cfg.train) else {}
     schedule = Schedule.from_config(cfg.train)
     if cfg.train.experience_sft and schedule.uses_synthetic and em.backend == "ray":
         roles["experience-model SFT"] = {"CPU": le.num_cpus, "GPU": le.num_gpus}
         roles["experience-replica"] = {"CPU": em.engine.num_cpus, "GPU": em.engine.gpus(), **em.engine.resources}
-    if cfg.replay.backend != "server":
+    if cfg.replay.backend != "server" and uses_replay(cfg.train):
         roles["replay-shard"] = {"CPU": cfg.replay.num_cpus}
     return roles
 
@@ -293,15 +295,21 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         # processes may share a GPU (``shares_gpus``): then the engines start one by one, the replicas one by one,
         # and the learner last (vLLM's profiling charges whatever else loads meanwhile to the engine profiled).
         one_by_one = shares_gpus(plan)
-        ckpt = checkpoint if checkpoint is not None and (checkpoint / "learner.json").is_file() else None
-        f_replay = pool.submit(open_replay, cfg, run_dir)
+        ckpt = checkpoint if checkpoint is not None and (checkpoint / META_FILE).is_file() else None
+        learner = bool(plan.role("learner"))  # no learner in a run that only evaluates (``steps_learner``)
+        if ckpt is not None and not learner and read_meta(ckpt)["version"] > 0:
+            raise ConfigError(f"{ckpt} holds trained weights, which only a learner gives the engines, but this run "
+                              "has none (train.iterations 0 and no train.warm_start): resume it with the "
+                              "train.iterations it was started with")
+        f_replay = pool.submit(open_replay, cfg, run_dir) if uses_replay(cfg.train) else None
         f_engines = pool.submit(create_policy_engines, cfg.policy,
                                 weight_transfer_backend=engine_transfer_backend(cfg),
                                 placements=engine_places if plan.role("policy-engine")[0].group else None,
                                 one_by_one=one_by_one)
         if one_by_one:
             f_engines.result()
-        f_learner = None if one_by_one else pool.submit(create_learner_group, cfg, ckpt, learner_places)
+        f_learner = None if one_by_one or not learner else pool.submit(create_learner_group, cfg, ckpt,
+                                                                        learner_places)
         f_replicas = None
         if Schedule.from_config(cfg.train).uses_synthetic:
             from actors.experience_model import start_replicas
@@ -316,9 +324,9 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
                                          placements=replica_places if in_groups else None, one_by_one=one_by_one)
                 if one_by_one:
                     f_replicas.result()
-        if f_learner is None:
+        if f_learner is None and learner:
             f_learner = pool.submit(create_learner_group, cfg, ckpt, learner_places)
-        a.replay = f_replay.result()
+        a.replay = f_replay.result() if f_replay is not None else None
         a.engines = f_engines.result()
         log(f"{len(a.engines)} policy engine(s) up ({cfg.policy.model}, {cfg.policy.engine.resolved_dtype()})")
         if f_replicas is not None:
@@ -329,7 +337,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         # The learner loads the policy model too: bounded like the engines (it has no timeout setting of its own).
         learner_timeout = max(cfg.policy.engine.start_timeout_s, cfg.experience_model.engine.start_timeout_s)
         try:
-            a.learner = f_learner.result(timeout=learner_timeout)
+            a.learner = f_learner.result(timeout=learner_timeout) if f_learner is not None else None
         except FuturesTimeout:
             raise RuntimeError(f"learner: not up within {learner_timeout:g} s (the larger of policy.engine and "
                                "experience_model.engine start_timeout_s bounds it)") from None

@@ -224,16 +224,17 @@ def _engine_actor(role: str, i: int, e: EngineConfig, group: str | None, first: 
 
 def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
     """The placement of every actor ``dreamgym train`` starts for ``cfg``."""
-    from dreamgym.schedule import Schedule
+    from dreamgym.schedule import Schedule, steps_learner, uses_replay
 
     plan = PlacementPlan()
     p, em, t, r = cfg.policy, cfg.experience_model, cfg.train, cfg.replay
     le = cfg.learner
+    ranks = le.data_parallel if steps_learner(t) else 0  # a run that only evaluates has no learner
     cuda_policy = p.engine.device == "cuda"
     if t.colocate:
-        bundles = [Bundle(le.num_cpus, le.num_gpus)] * le.data_parallel
+        bundles = [Bundle(le.num_cpus, le.num_gpus)] * ranks
         plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus, "colocated", (r,))
-                        for r in range(le.data_parallel)]
+                        for r in range(ranks)]
         for i in range(p.num_engines):
             if cuda_policy:
                 plan.actors.append(_engine_actor("policy-engine", i, p.engine, "colocated", len(bundles)))
@@ -244,7 +245,7 @@ def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
                 bundles.append(Bundle(p.engine.num_cpus))
         plan.groups.append(GroupPlan("colocated", tuple(bundles)))
     else:
-        plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus) for r in range(le.data_parallel)]
+        plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus) for r in range(ranks)]
         for i in range(p.num_engines):
             group = f"policy-engine-{i}" if cuda_policy else None
             plan.actors.append(_engine_actor("policy-engine", i, p.engine, group, 0))
@@ -256,7 +257,7 @@ def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
             plan.actors.append(_engine_actor("experience-replica", i, em.engine, group, 0))
             if group:
                 plan.groups.append(GroupPlan(group, tuple(_engine_bundles(em.engine))))
-    plan.actors += [ActorPlan("replay-shard", i, r.num_cpus, 0.0) for i in range(r.shards)]
+    plan.actors += [ActorPlan("replay-shard", i, r.num_cpus, 0.0) for i in range(r.shards if uses_replay(t) else 0)]
     plan.actors.append(ActorPlan("curriculum", 0, CURRICULUM_CPUS, 0.0))
     plan.actors += [ActorPlan("rollout-worker", i, t.rollout.num_cpus, 0.0) for i in range(t.rollout.workers)]
     return plan

@@ -46,6 +46,20 @@ ROLLOUT_PLANS: dict[str, RolloutPlan] = {
 }
 
 
+def steps_learner(train: TrainConfig) -> bool:
+    """Whether the learner takes a step in the run: an iteration or a warm start (``train.warm_start``). A run that
+    only evaluates the initial policy (``train.iterations 0`` without a warm start: the study's ``base`` arm) has no
+    learner actor (``dreamgym.placement.plan_placement``): it would load the model and never step."""
+    return train.iterations > 0 or train.warm_start.method != "none"
+
+
+def uses_replay(train: TrainConfig) -> bool:
+    """Whether the run opens the replay buffer: its iterations write transitions (and synthetic ones retrieve them),
+    or ``train.seed_replay`` fills it with the offline data. A run with neither (the study's ``base`` and ``bc``
+    arms) starts no replay shard."""
+    return train.iterations > 0 or train.seed_replay
+
+
 def rollout_plan(phase: str) -> RolloutPlan:
     """The environment and policy of ``phase``; an unknown phase is an error naming the valid ones."""
     try:

@@ -32,8 +32,14 @@ if TYPE_CHECKING:
 WORKER_EXTENSION = "dreamgym.vllm_worker.WeightUpdateExtension"
 
 
-def engine_env(device: str = "cpu", omp_threads: int = 2) -> dict[str, str]:
-    """Environment variables for a process that will own an in-process vLLM engine."""
+def engine_env(device: str = "cpu", omp_threads: int = 2, enforce_eager: bool = True) -> dict[str, str]:
+    """Environment variables for a process that will own an in-process vLLM engine.
+
+    An eager CPU engine (``engine.enforce_eager``, the default) also runs without TorchDynamo
+    (``TORCHDYNAMO_DISABLE``): vLLM still wraps a few sampler ops in ``torch.compile`` (the rank of each sampled
+    token's log-prob, the random sampling), and on CPU their first call compiles C++ with Inductor: about 3 s in
+    every new engine process with a warm compile cache and 25 s with a cold one, for ops that cost microseconds
+    eagerly."""
     from dreamgym.models import hub_env
 
     env = {
@@ -44,6 +50,8 @@ def engine_env(device: str = "cpu", omp_threads: int = 2) -> dict[str, str]:
     }
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(omp_threads)
+        if enforce_eager:
+            env["TORCHDYNAMO_DISABLE"] = "1"
     return env
 
 
@@ -57,7 +65,7 @@ class VllmPolicy:
         model_path: str | Path | None = None,
         weight_transfer_backend: str | None = None,
     ) -> None:
-        for k, v in engine_env(cfg.engine.device, cfg.engine.omp_threads).items():
+        for k, v in engine_env(cfg.engine.device, cfg.engine.omp_threads, cfg.engine.enforce_eager).items():
             os.environ.setdefault(k, v)
         from vllm import LLM
 

@@ -249,14 +249,15 @@ def test_collect_and_train_actors_close_their_environments(textcraft_available, 
 @pytest.mark.ray
 @pytest.mark.engine
 @pytest.mark.timeout(1200)
-def test_train_against_textcraft_then_a_dead_server_in_one_line(fresh_textcraft: AgentGymServer,
+def test_train_against_textcraft_then_a_dead_server_in_one_line(textcraft_available, ray_cluster,
+                                                                 fresh_textcraft: AgentGymServer,
                                                                  tmp_path: Path) -> None:
-    """A real ``dreamgym train --train.mode real`` (its own local Ray) against TextCraft: a mixed collection first
-    (its valid actions and expert plan come from the goal text), the held-out evaluation with its baseline, then
-    real iterations. Once the first iteration is recorded the server is stopped: ``train`` used to print Ray's
-    whole remote traceback when the server died mid-run (``collect`` did not); the run ends with exit code 2 and
-    one line naming the server. (That a finished run leaves no server-side environment behind is shown on
-    ScienceWorld, ``test_real_mode_train_against_a_server``.)"""
+    """A real ``dreamgym train --train.mode real`` (joining the session's Ray, as on a cluster) against TextCraft:
+    a mixed collection first (its valid actions and expert plan come from the goal text), the held-out evaluation
+    with its baseline, then real iterations. Once the first iteration is recorded the server is stopped: ``train``
+    used to print Ray's whole remote traceback when the server died mid-run (``collect`` did not); the run ends with
+    exit code 2 and one line naming the server. (That a finished run leaves no server-side environment behind is
+    shown on ScienceWorld, ``test_real_mode_train_against_a_server``.)"""
     import json
     import time
 
@@ -267,7 +268,7 @@ def test_train_against_textcraft_then_a_dead_server_in_one_line(fresh_textcraft:
     cfg = tiny_config(tmp_path / "runs", env={"name": "remote:textcraft", "url": server.url, "max_steps": 4},
                       collect={"episodes": 6, "workers": 1, "episodes_per_batch": 3},
                       curriculum={"seed_tasks": 2, "llm_variants": 0, "param_variants": 0},
-                      ray={"num_cpus": 2},
+                      ray={"address": ray_cluster.get_runtime_context().gcs_address},
                       train={"mode": "real", "iterations": 6, "warm_start": {"method": "none"},
                              "eval": {"tasks": 2}, "rollout": {"envs_per_worker": 3},
                              "report": {"progress": False, "markdown": False}})

@@ -204,8 +204,7 @@ RAY_SCRIPT = textwrap.dedent('''
                      "available_gpus": ray.available_resources().get("GPU", 0.0)}
         for p in probes:
             ray.kill(p)
-        remove_groups(groups)
-        time.sleep(1)
+        remove_groups(groups)  # the next layout's create_groups waits until its groups are placed
 
     # Too few CPUs: ask (the autoscaler call is a no-op here), wait within the bound, fail naming what is missing.
     import ray.autoscaler.sdk as sdk
@@ -219,7 +218,7 @@ RAY_SCRIPT = textwrap.dedent('''
     out["big_bundles"] = big.resource_bundles()
     t0 = time.monotonic()
     try:
-        wait_for_resources(big, 3.0, print, poll_s=0.5)
+        wait_for_resources(big, 1.0, print, poll_s=0.25)
         out["short"] = {"raised": False}
     except ConfigError as e:
         out["short"] = {"raised": True, "message": str(e), "seconds": time.monotonic() - t0, "asked": asked}
@@ -228,12 +227,12 @@ RAY_SCRIPT = textwrap.dedent('''
     from dreamgym.placement import Bundle, GroupPlan, PlacementPlan
     stuck = Probe.options(num_gpus=100).remote()
     try:
-        wait_started({stuck.gpus.remote(): "policy-engine-7"}, 2.0, "policy.engine.start_timeout_s")
+        wait_started({stuck.gpus.remote(): "policy-engine-7"}, 1.0, "policy.engine.start_timeout_s")
     except RuntimeError as e:
         out["engine_timeout"] = str(e)
     ray.kill(stuck)
     try:
-        create_groups(PlacementPlan(groups=[GroupPlan("too-big", (Bundle(1, 9.0),))]), 2.0, print)
+        create_groups(PlacementPlan(groups=[GroupPlan("too-big", (Bundle(1, 9.0),))]), 1.0, print)
     except ConfigError as e:
         out["group_timeout"] = str(e)
     print("RESULT " + json.dumps(out))
@@ -269,11 +268,11 @@ def test_plan_on_a_ray_node_with_eight_fake_gpus(tmp_path: Path) -> None:
         assert sorted(res["gpu_ids"]) == [str(i) for i in range(8)], (name, res)  # 8 distinct GPUs, none twice
         assert res["available_gpus"] == 0.0, (name, res)
     short = out["short"]
-    assert short["raised"] and short["seconds"] >= 3.0, short
-    assert "still missing within ray.resources_timeout_s = 3 s" in short["message"]
+    assert short["raised"] and short["seconds"] >= 1.0, short
+    assert "still missing within ray.resources_timeout_s = 1 s" in short["message"]
     assert "CPUs (the cluster has 16)" in short["message"]
-    assert out["engine_timeout"] == "policy-engine-7: not up within policy.engine.start_timeout_s = 2 s"
-    assert out["group_timeout"].startswith("placement groups not placed within 2 s: too-big (STRICT_PACK, 1 bundles, "
+    assert out["engine_timeout"] == "policy-engine-7: not up within policy.engine.start_timeout_s = 1 s"
+    assert out["group_timeout"].startswith("placement groups not placed within 1 s: too-big (STRICT_PACK, 1 bundles, "
                                            "9 GPUs")
     # The autoscaler was asked for the plan's bundles, and the request cleared once the wait ended.
     assert short["asked"] == [{"bundles": out["big_bundles"]}, {"bundles": []}]

@@ -52,3 +52,17 @@ def test_learner_and_sync_from_the_run_config(tmp_path: Path) -> None:
     assert learner.temperature == 0.7 and learner.seed == 5 and learner.model_path == model
     sync = make_weight_sync(cfg, [])
     assert isinstance(sync, ObjectStoreWeightSync) and sync.dtype == "float32"
+
+
+def test_an_eager_cpu_engine_runs_without_torch_compile() -> None:
+    """vLLM wraps a few sampler ops in ``torch.compile``; an eager CPU engine (the default) runs them eagerly instead
+    of compiling C++ in every new engine process (seconds each), a compiled or CUDA engine keeps them."""
+    from dreamgym.experience.engine import EngineOptions
+    from dreamgym.experience.engine import engine_env as replica_env
+    from dreamgym.vllm_engine import engine_env
+
+    assert engine_env("cpu", 2)["TORCHDYNAMO_DISABLE"] == "1" and engine_env("cpu", 2)["OMP_NUM_THREADS"] == "2"
+    assert "TORCHDYNAMO_DISABLE" not in engine_env("cpu", 2, enforce_eager=False)
+    assert "TORCHDYNAMO_DISABLE" not in engine_env("cuda", 2)
+    assert replica_env(EngineOptions(model="m"))["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in replica_env(EngineOptions(model="m", enforce_eager=False))

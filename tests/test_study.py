@@ -198,7 +198,7 @@ def test_s2r_budget_is_a_share_of_the_real_arm() -> None:
         s2r_budget(cfg, [])
 
 
-@pytest.mark.parametrize("name", ["study-cpu.yaml", "study-gpu.yaml"])
+@pytest.mark.parametrize("name", ["study-cpu.yaml", "study-coin5-cpu.yaml", "study-gpu.yaml"])
 def test_the_study_configs_are_valid_for_every_arm(name: str, tmp_path: Path) -> None:
     from actors.train_setup import requested_resources
     from dreamgym.placement import plan_placement
@@ -208,16 +208,21 @@ def test_the_study_configs_are_valid_for_every_arm(name: str, tmp_path: Path) ->
     assert cfg.study.eval_episodes is not None and cfg.study.eval_episodes >= 64
     for arm in STUDY_ARMS:
         c = arm_seed_config(cfg, arm, cfg.study.seeds[-1], tmp_path / "offline.parquet", real_budget=10)
-        if name == "study-cpu.yaml":
+        if name != "study-gpu.yaml":
             assert c.policy.model == c.experience_model.model == "smollm2-135m"
             assert requested_resources(c) <= (2.0, 0.0), arm  # fits the 2-core machine
         else:
             assert "/" in c.policy.model and "/" in c.experience_model.model  # hub ids
-            # the header's table: learner 1 + engines 2 (+ replicas 2 where a model plays the environment)
-            expected = 3 if arm in ("base", "real", "copy-sim", "bc") else 5
+            # the header's table: learner 1 + engines 2 (+ replicas 2 where a model plays the environment); the
+            # base arm only evaluates: no learner
+            expected = {"base": 2, "real": 3, "copy-sim": 3, "bc": 3}.get(arm, 5)
             assert plan_placement(c).total_gpus == expected, arm
+            roles = {a.role for a in plan_placement(c).actors}
+            assert ("learner" in roles) == (arm != "base") and ("replay-shard" in roles) == (arm not in ("base", "bc"))
     if name == "study-gpu.yaml":  # S2R at the paper's budget: 2 real iterations of 20
         assert s2r_real_iterations(cfg) == 2 and cfg.train.iterations == 20
+    if name == "study-coin5-cpu.yaml":  # the headroom setting: the controls, 3 seeds, 10 iterations (issue 30)
+        assert {"copy-sim", "bc"} <= set(cfg.study.arms) and len(cfg.study.seeds) >= 3 and cfg.train.iterations >= 10
 
 
 def _arm(success: list[float], **kw: Any) -> dict[str, Any]:
@@ -364,6 +369,10 @@ def test_a_tiny_study_runs_resumes_and_reports(ray_cluster, tmp_path: Path) -> N
     assert all({"success", "steps", "unparsable", "invalid_actions", "weight_version", "task_seed"} <= set(r)
                for rs in records.values() for r in rs)
     assert {r["label"] for r in records["base"]} == {"start"} and {r["label"] for r in records["dreamgym"]} == {"final"}
+    # base only evaluates: it started no learner (its checkpoint holds the counters, no weights) and no replay buffer
+    base_ckpt = sorted((study / "base" / "seed-0" / "checkpoints").glob("step-*"))
+    assert [sorted(p.name for p in d.iterdir()) for d in base_ckpt] == [["curriculum.json", "driver.json"]]
+    assert not (study / "base" / "seed-0" / "replay").exists() and not (study / "bc" / "seed-0" / "replay").exists()
     # Paired intervals for the pairs the pattern names: 3 held-out episodes of seed 0 in common
     paired = {(p["a"], p["b"]): p for p in result["paired"] if p["scale"] == 1.0}
     for pair in (("dreamgym", "copy-sim"), ("dreamgym", "bc"), ("dreamgym", "base"), ("copy-sim", "base"),

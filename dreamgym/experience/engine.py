@@ -70,7 +70,7 @@ def engine_env(opts: EngineOptions) -> dict[str, str]:
     the CPU thread binding of this replica)."""
     from dreamgym.vllm_engine import engine_env as base_env
 
-    env = base_env(opts.device, opts.omp_threads)
+    env = base_env(opts.device, opts.omp_threads, opts.enforce_eager)
     if opts.cpu_bind and opts.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = opts.cpu_bind
     return env
