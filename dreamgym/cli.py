@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "from their last checkpoint (its study.yaml; overrides such as --study.seeds 3 still apply)")
     p.add_argument("--report", default=None, metavar="STUDY_DIR",
                    help="only rebuild the table, plot and JSON of a study from its finished arm-seeds")
+    p.add_argument("--export", nargs=2, default=None, metavar=("STUDY_DIR", "OUT_DIR"),
+                   help="copy a study's finished arm-seeds without weights or checkpoints (small enough to commit); "
+                        "--resume on a copy of OUT_DIR runs only the arm-seeds still missing")
 
     p = sub.add_parser("inspect-data", help="check a transitions Parquet file against the schema and summarise it")
     p.add_argument("path", help="Parquet file")

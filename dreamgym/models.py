@@ -92,7 +92,8 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _is_model_dir(path: Path) -> bool:
+def is_model_dir(path: Path) -> bool:
+    """An HF model folder with its weights (config.json and safetensors), not only its metadata."""
     return (path / "config.json").is_file() and (
         any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
     )
@@ -272,11 +273,11 @@ def prepare_smollm2(cache_dir: str | Path | None = None, dtype: str = "float32",
 
     name = SMOLLM2_DIRNAME if dtype == "float32" else f"{SMOLLM2_DIRNAME}-{dtype}"
     target = Path(cache_dir or DEFAULT_CACHE) / name
-    if _is_model_dir(target) and not force:
+    if is_model_dir(target) and not force:
         return target
     gguf = smollm2_gguf_path()
     with _locked(target):
-        if _is_model_dir(target) and not force:
+        if is_model_dir(target) and not force:
             return target
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -356,7 +357,7 @@ def resolve_hub_model(repo_id: str) -> Path:
             f"model {repo_id!r} (a Hugging Face hub id) is not available: {how}. HF cache: {where}; aliases: "
             f"{', '.join(ALIASES)}"
         ) from None
-    if not _is_model_dir(path):
+    if not is_model_dir(path):
         raise ModelUnavailableError(f"hub model {repo_id!r} at {path} has no config.json and *.safetensors")
     return path
 
@@ -370,13 +371,13 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None)
         return prepare_smollm2(cache)
     if name == "tiny":
         target = cache / "tiny-llama"
-        if not _is_model_dir(target):
+        if not is_model_dir(target):
             with _locked(target):
-                if not _is_model_dir(target):
+                if not is_model_dir(target):
                     build_tiny_model(target)
         return target
     path = Path(name).expanduser()
-    if _is_model_dir(path):
+    if is_model_dir(path):
         return path
     if is_hub_id(name):
         return resolve_hub_model(name)

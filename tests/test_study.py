@@ -385,13 +385,21 @@ def test_a_tiny_study_runs_resumes_and_reports(ray_cluster, tmp_path: Path) -> N
     claim = next(c for c in result["pattern"] if c["right"] == "copy-sim")
     assert claim["holds"] in (True, False) and claim["paired"]["n"] == 3
 
+    # --export keeps what the results are made of, without weights or checkpoints, and --report rebuilds the same
+    # table from it: a study too long for one machine goes on elsewhere from a committed export
+    export = tmp_path / "export"
+    exported = _study(["--export", str(study), str(export)], env)
+    assert exported.returncode == 0 and "exported 4 finished arm-seed(s)" in exported.stdout, exported.stderr[-3000:]
+    assert (export / "offline.parquet").is_file() and (export / "study.yaml").is_file()
+    assert not list(export.rglob("checkpoints")) and not list(export.rglob("*.safetensors"))
+    assert all((export / a / "seed-0" / n).is_file() for a in arms for n in ("summary.json", "eval_episodes.jsonl"))
     for name in ("results.md", "results.json", "success_vs_real.png"):
-        (study / name).unlink()
-    rebuilt = _study(["--report", str(study)], env)
+        (export / name).unlink()
+    rebuilt = _study(["--report", str(export)], env)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
-    assert (study / "success_vs_real.png").stat().st_size > 0
-    again = json.loads((study / "results.json").read_text())
+    assert (export / "success_vs_real.png").stat().st_size > 0
+    again = json.loads((export / "results.json").read_text())
     assert again["arms"] == result["arms"] and again["paired"] == result["paired"]  # seeded bootstrap
-    table = (study / "results.md").read_text()
+    table = (export / "results.md").read_text()
     assert "| dreamgym: DreamGym (synthetic only) | 1 |" in table and "copy-sim" in table
     assert "| dreamgym | copy-sim |" in table and "Power" in table

@@ -134,10 +134,13 @@ def check_expert_data(cfg: DreamGymConfig, offline: Path | None) -> None:
 
 # -- one arm-seed ----------------------------------------------------------------------------------------
 def _donor(study_dir: Path, variant: str) -> Path | None:
-    """A fine-tuned experience model of this variant that an earlier arm-seed of the study trained."""
+    """A fine-tuned experience model of this variant that an earlier arm-seed of the study trained. Its weights
+    must be there: an exported study (``--export``) keeps the fine-tune's summary but not its weights."""
+    from dreamgym.models import is_model_dir
+
     for run in scan(study_dir):
         folder = run.path / "experience_model"
-        if run.record.get("variant") == variant and (folder / "dreamgym_sft.json").is_file():
+        if run.record.get("variant") == variant and (folder / "dreamgym_sft.json").is_file() and is_model_dir(folder):
             return folder.resolve()
     return None
 
@@ -244,11 +247,55 @@ def _selected_arms(cfg: DreamGymConfig, chosen: list[str] | None) -> list[str]:
     return [a for a in STUDY_ARMS if a in chosen]
 
 
+#: What ``--export`` leaves out of a finished arm-seed: model weights and stores that its results do not need.
+EXPORT_SKIP_DIRS = ("checkpoints", "experience_model", "model", "replay", "qdrant")
+EXPORT_MAX_FILE_BYTES = 20 * 2**20
+
+
+def export_study(d: Path, out: Path) -> list[str]:
+    """Copy what a study's results are made of into ``out``, small enough to commit: ``study.yaml``, the offline
+    data, the results files and every *finished* arm-seed without its weights and stores (``EXPORT_SKIP_DIRS``,
+    files over ``EXPORT_MAX_FILE_BYTES``). ``dreamgym study --resume`` on a copy of ``out`` skips those arm-seeds and
+    runs the rest, so a study too long for one machine session goes on in the next (each session fine-tunes its
+    own experience model once: the export does not carry weights). Returns the arm-seeds exported."""
+    import shutil
+
+    if out.resolve() == d.resolve():
+        raise ConfigError(f"--export: the output {out} is the study directory itself; name another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (STUDY_CONFIG, "offline.parquet", "results.md", "results.json", "success_vs_real.png"):
+        if (d / name).is_file():
+            shutil.copy2(d / name, out / name)
+    exported: list[str] = []
+    for run in scan(d):
+        if not run.finished:
+            continue
+        target = out / run.path.relative_to(d)
+        if target.exists():
+            shutil.rmtree(target)
+        for f in sorted(run.path.rglob("*")):
+            rel = f.relative_to(run.path)
+            if not f.is_file() or rel.parts[0] in EXPORT_SKIP_DIRS or f.stat().st_size > EXPORT_MAX_FILE_BYTES:
+                continue
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target / rel)
+        exported.append(f"{run.arm}/seed-{run.seed}")
+    return exported
+
+
 def _report(cfg: DreamGymConfig, d: Path) -> dict[str, Path]:
     return write_results(d, study_name(cfg))
 
 
 def cmd_study(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.export:
+        d, out = Path(args.export[0]), Path(args.export[1])
+        if not (d / STUDY_CONFIG).is_file():
+            raise ConfigError(f"--export {d}: not a study directory (no {STUDY_CONFIG})")
+        done = export_study(d, out)
+        print(f"exported {len(done)} finished arm-seed(s) of {d} to {out}: {', '.join(done) or 'none'}; continue "
+              f"elsewhere with: cp -r {out} {d} && dreamgym study --resume {d}")
+        return 0
     if args.report:
         d = Path(args.report)
         if not (d / STUDY_CONFIG).is_file():
