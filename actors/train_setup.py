@@ -184,29 +184,13 @@ def seed_replay(replay: Any, data: Path, batch_size: int) -> dict[str, Any]:
 
 
 # -- the experience model ------------------------------------------------------------------------
-def _experience_sft_task(cfg: dict[str, Any], data: str, out: str) -> dict[str, Any]:
-    """Annotate the offline data (the teacher at ``experience_model.annotate.teacher_url`` when one is set,
-    else template rationales) and fine-tune the experience model on it."""
-    from dreamgym.experience.annotate import annotate_file, annotator_from_config
-    from learner.sft_experience import train_experience_model
-
-    c = DreamGymConfig.model_validate(cfg)
-    annotated = Path(out).parent / "offline_annotated.parquet"
-    em = c.experience_model
-    annotate_file(data, annotated, annotator_from_config(em.annotate, em.train.step_budget))
-    c.experience_model.train.data = annotated
-    progress = Path(out).parent / "experience_sft.jsonl"
-
-    def log(rec: dict[str, Any]) -> None:
-        with progress.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-
-    return train_experience_model(c, out, log=log)
-
-
 def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Callable[[str], None]) -> Path:
-    """The experience model fine-tuned on the offline data (``learner.sft_experience``, the paper's loss), as a
-    Ray task with the learner's resources; reused when the run directory already has it (resume)."""
+    """The experience model fine-tuned on the offline data (``learner.sft_experience``, the paper's loss) in Ray
+    actors with the learner's resources and rank count (``actors.experience_sft``: data-parallel over
+    ``learner.data_parallel`` ranks, one process with one); reused when the run directory already has it (resume).
+    Rank 0 first annotates the offline data (``experience_model.annotate``: a teacher, else template rationales)."""
+    from actors.experience_sft import start_sft_ranks
+
     out = run_dir / "experience_model"
     if (out / "dreamgym_sft.json").is_file():
         return out
@@ -214,34 +198,54 @@ def experience_sft(cfg: DreamGymConfig, offline: Path, run_dir: Path, log: Calla
     c.experience_model.train.step_budget = cfg.env.max_steps  # the budget the offline episodes were cut at
     c.experience_model.train.threads = c.experience_model.train.threads or cfg.learner.threads
     c.experience_model.train.log_every = 1
-    from dreamgym.models import hub_env
-
-    env_vars = {"OMP_NUM_THREADS": str(cfg.learner.threads), **hub_env(), "TOKENIZERS_PARALLELISM": "false"}
-    gpus = max(cfg.learner.num_gpus, 1) if c.experience_model.train.device == "cuda" else cfg.learner.num_gpus
-    task = ray.remote(_experience_sft_task).options(num_cpus=cfg.learner.num_cpus, num_gpus=gpus,
-                                                     runtime_env={"env_vars": env_vars})
-    ref = task.remote(c.model_dump(mode="json"), str(offline), str(out))
-    progress, total, t0 = run_dir / "experience_sft.jsonl", c.experience_model.train.max_steps, time.perf_counter()
-    bound = c.experience_model.train.stall_timeout_s
-    size, changed = -1, time.monotonic()
+    progress = run_dir / "experience_sft.jsonl"
+    watch = _SFTWatch(progress, c.experience_model.train.max_steps, c.experience_model.train.stall_timeout_s, log)
+    ranks = start_sft_ranks(c, log)
     try:
-        # Minutes of CPU work: one status line per interval from the task's own progress file.
-        while not ray.wait([ref], timeout=STATUS_INTERVAL_S)[0]:
-            now_size = progress.stat().st_size if progress.is_file() else 0
-            if now_size != size:
-                size, changed = now_size, time.monotonic()
-            elif time.monotonic() - changed > bound:
-                raise TrainingFaultError(
-                    f"the experience-model fine-tune made no progress for {bound:.0f} s "
-                    f"(experience_model.train.stall_timeout_s; progress in {progress}): stopped it")
-            log(_sft_status(progress, total, time.perf_counter() - t0))
-        s = ray.get(ref)
-    except BaseException:
-        ray.cancel(ref, force=True)  # an interrupted or stalled run must not leave the task training on
-        raise
-    log(f"experience model fine-tuned on {s['examples']} offline transitions ({s['steps']} steps, loss "
+        rank0 = ranks.handles[0]
+        annotated = watch.get([rank0.annotate.remote(c.model_dump(mode="json"), str(offline),
+                                                     str(run_dir / "offline_annotated.parquet"))])[0]
+        c.experience_model.train.data = Path(annotated)
+        if ranks.world_size > 1:
+            address, port = watch.get([rank0.rendezvous.remote()])[0]
+            watch.get(ranks.join(c, address, port))
+        s = watch.get(ranks.train(c, out, progress))[0]
+    finally:
+        ranks.kill()  # done, failed, stalled or interrupted: no rank trains on, and the run's actors get the GPUs
+    ranks_note = f" on {ranks.world_size} data-parallel ranks" if ranks.world_size > 1 else ""
+    log(f"experience model fine-tuned on {s['examples']} offline transitions ({s['steps']} steps{ranks_note}, loss "
         f"{s['loss_first']:.3f} -> {s['loss_last']:.3f}) in {s['train_seconds']:.0f} s")
     return out
+
+
+class _SFTWatch:
+    """Waits on the fine-tune's calls with a status line every ``STATUS_INTERVAL_S`` from its progress file (minutes
+    of work), and stops it (``TrainingFaultError``) once that file has not grown for ``bound`` seconds
+    (``experience_model.train.stall_timeout_s``: a hung rank, a lost node)."""
+
+    def __init__(self, progress: Path, total: int | None, bound: float, log: Callable[[str], None]) -> None:
+        self.progress, self.total, self.bound, self.log = progress, total, bound, log
+        self.size, self.changed, self.t0 = -1, time.monotonic(), time.perf_counter()
+
+    def get(self, refs: list[Any]) -> list[Any]:
+        """``ray.get(refs)``; the first call that fails fails it at the next look, not when the others end."""
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=STATUS_INTERVAL_S)
+            ray.get(done)
+            if pending:
+                self._look()
+        return ray.get(refs)
+
+    def _look(self) -> None:
+        now_size = self.progress.stat().st_size if self.progress.is_file() else 0
+        if now_size != self.size:
+            self.size, self.changed = now_size, time.monotonic()
+        elif time.monotonic() - self.changed > self.bound:
+            raise TrainingFaultError(
+                f"the experience-model fine-tune made no progress for {self.bound:.0f} s "
+                f"(experience_model.train.stall_timeout_s; progress in {self.progress}): stopped it")
+        self.log(_sft_status(self.progress, self.total, time.perf_counter() - self.t0))
 
 
 def _sft_status(progress: Path, total: int | None, elapsed: float) -> str:

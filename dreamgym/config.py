@@ -349,14 +349,17 @@ class LearnerConfig(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """Optional LoRA adapters."""
     num_cpus: float = Field(default=1.0, ge=0.0)
-    """Ray CPUs reserved by the learner actor (``dreamgym train``; also the experience-model SFT task)."""
+    """Ray CPUs reserved by each learner actor (``dreamgym train``; also by each rank of the experience-model
+    fine-tune, ``train.experience_sft``)."""
     num_gpus: float = Field(default=0.0, ge=0.0)
-    """Ray GPUs of each learner actor (1 on a GPU cluster)."""
+    """Ray GPUs of each learner actor (1 on a GPU cluster; also of each experience-model fine-tune rank)."""
     data_parallel: int = Field(default=1, ge=1)
     """Learner actors (ranks) in one ``torch.distributed`` group (gloo on CPU, NCCL on CUDA), each with a full
     replica of the model, ``num_cpus`` / ``num_gpus`` and a disjoint share of every batch; gradients are summed
     across ranks so a step equals the single-actor step on the whole batch. Rank 0 syncs the engines and writes
-    checkpoints. GRPO only (the PPO critic is not data-parallel yet)."""
+    checkpoints. GRPO only (the PPO critic is not data-parallel yet). The experience-model fine-tune
+    (``train.experience_sft``) runs on as many ranks the same way (each its share of every batch, gradients
+    summed, rank 0 saves; packed on one node with ``train.colocate``)."""
     dist_timeout_s: float = Field(default=300.0, gt=0.0)
     """Bound of the data-parallel group's rendezvous and of each of its collectives (a rank that died or hangs
     fails the step after this long instead of blocking the run)."""
@@ -627,7 +630,7 @@ class ExperienceTrainConfig(Section):
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many optimizer steps (``None``: run all epochs)."""
     batch_size: int = Field(default=4, ge=1)
-    """Examples per optimizer step."""
+    """Examples per optimizer step (all ranks together: data-parallel, each rank runs a token-balanced share)."""
     micro_batch_tokens: int = Field(default=4_096, ge=64)
     """Padded tokens per forward: a step's examples are grouped longest first into right-padded micro-batches of at
     most this many tokens (an example longer than it goes alone). Lower it when activations do not fit."""
@@ -671,8 +674,9 @@ class ExperienceTrainConfig(Section):
     threads: int | None = Field(default=None, ge=1)
     """torch threads while training (``None``: torch's default)."""
     device: Literal["cpu", "cuda"] = "cpu"
-    """Where the fine-tune runs. ``cuda``: one GPU (inside ``dreamgym train`` the Ray task asks for at least
-    one); with ``precision auto`` it trains in bf16 autocast. A 7B model's full fine-tune (fp32 weights, AdamW
+    """Where the fine-tune runs. ``cuda``: one GPU per rank (inside ``dreamgym train`` each of its
+    ``learner.data_parallel`` ranks asks for ``learner.num_gpus``, at least one; NCCL between them); with
+    ``precision auto`` it trains in bf16 autocast. A 7B model's full fine-tune (fp32 weights, AdamW
     state) does not fit one 80 GB GPU: use ``method lora`` and ``gradient_checkpointing`` there."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory for long examples and large models, ~30%
@@ -1040,7 +1044,9 @@ class TrainConfig(Section):
     experience_sft: bool = False
     """Before training, fine-tune the experience model (base ``experience_model.train.base``, the settings of
     ``experience_model.train``) on the offline data with template rationales (``dreamgym annotate`` without a
-    teacher), and serve the result (``<run>/experience_model``). Synthetic modes with Ray replicas only."""
+    teacher), and serve the result (``<run>/experience_model``). Synthetic modes with Ray replicas only. It runs
+    in Ray actors with the learner's resources and rank count: data-parallel over ``learner.data_parallel``
+    ranks (the learner's gradient sum; ``actors.experience_sft``), one process with one."""
     colocate: bool = False
     """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
     GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""

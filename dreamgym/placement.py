@@ -261,3 +261,21 @@ def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
     plan.actors.append(ActorPlan("curriculum", 0, CURRICULUM_CPUS, 0.0))
     plan.actors += [ActorPlan("rollout-worker", i, t.rollout.num_cpus, 0.0) for i in range(t.rollout.workers)]
     return plan
+
+
+def experience_sft_plan(cfg: DreamGymConfig) -> PlacementPlan:
+    """Where the experience-model fine-tune's ranks go (``train.experience_sft``, before the run's actors start).
+
+    One rank per learner rank (``learner.data_parallel``), each with ``learner.num_cpus`` and ``num_gpus`` (at
+    least one GPU for ``experience_model.train.device: cuda``). With ``train.colocate`` several ranks are packed
+    on one node as the learner's are (a ``STRICT_PACK`` group of their bundles: the gradient all-reduce stays on
+    the node); otherwise each reserves its own resources, as the learner's do.
+    """
+    le = cfg.learner
+    n = le.data_parallel
+    gpus = max(le.num_gpus, 1.0) if cfg.experience_model.train.device == "cuda" else le.num_gpus
+    if cfg.train.colocate and n > 1:
+        return PlacementPlan(groups=[GroupPlan("experience-sft", (Bundle(le.num_cpus, gpus),) * n)],
+                             actors=[ActorPlan("experience-sft", r, le.num_cpus, gpus, "experience-sft", (r,))
+                                     for r in range(n)])
+    return PlacementPlan(actors=[ActorPlan("experience-sft", r, le.num_cpus, gpus) for r in range(n)])

@@ -1,4 +1,5 @@
-"""Data parallelism for the learner: N ranks, full model replicas, one ``torch.distributed`` group.
+"""Data parallelism for the learner and the experience-model fine-tune: N ranks, full model replicas, one
+``torch.distributed`` group.
 
 ``learner.data_parallel`` = N learner processes join one group (gloo on CPU, NCCL on CUDA). Every rank
 builds the same batch from the same groups (sequences, advantages and the aggregation weights ``w_t``
@@ -12,15 +13,19 @@ stay equal without broadcasting weights.
 Why a manual all-reduce instead of ``DistributedDataParallel``: ranks may run different numbers of
 micro-batches (shares are balanced by tokens, not by count; a rank may even get none), and DDP's
 per-backward hooks need every rank to run the same backward passes. One bucketed all-reduce after the
-accumulation has no such constraint. No Ray here: the caller (``actors.learner_group``) starts the
-processes and hands every rank the rendezvous address.
+accumulation has no such constraint. No Ray here: the caller (``actors.learner_group``,
+``actors.experience_sft``) starts the processes and hands every rank the rendezvous address.
+
+The experience-model fine-tune (``learner.sft_experience``) steps the same way: its loss is summed over the
+reply tokens and divided by the whole step batch's reply-token count, so each rank's share of a batch
+(``shard``) carries its part of that mean and the summed gradients are the single process's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -136,9 +141,24 @@ def all_reduce_floats(values: dict[str, float], device: str, op: str = "sum") ->
 def broadcast_params(module: torch.nn.Module, src: int = 0) -> None:
     """Copy rank ``src``'s parameters and buffers to every rank (after building or loading a replica, and
     after anything that might not be bit-identical across ranks, e.g. a warm start on a GPU)."""
+    broadcast_tensors([*module.parameters(), *module.buffers()], src)
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+    """Copy rank ``src``'s ``tensors`` to every rank, in place (e.g. only the trainable ones: LoRA adapters
+    initialised at random over a frozen base every rank loaded from the same files)."""
     import torch
     import torch.distributed as dist
 
     with torch.no_grad():
-        for t in [*module.parameters(), *module.buffers()]:
+        for t in tensors:
             dist.broadcast(t.data, src)
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` (picklable) on every rank: what each rank built for itself, made identical."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]

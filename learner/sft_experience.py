@@ -23,6 +23,14 @@ own tokens unpadded on its key/value cache (``forward: shared-prefix``, ``shared
 right-padding them into one forward, ``forward: padded``, ``batch_nll``; the same loss). ``method: lora`` trains
 peft adapters and merges them before saving. The output is an HF folder (weights, tokenizer, generation config)
 that vLLM serves.
+
+Data parallel: in a process that is one rank of a ``torch.distributed`` group (``learner.data_parallel``;
+``actors.experience_sft`` forms it with the learner's rank count) the fine-tune runs on the learner's code path.
+Every rank builds the examples, then takes rank 0's (the same examples everywhere, whatever float noise
+retrieval had); each step's batch is the same on every rank, and each rank runs the forward/backward of its
+token-balanced share (``learner.data_parallel.shard``). The loss is already divided by the whole batch's reply
+tokens, so the ranks' gradients are summed (``all_reduce_grads``: their sum is the single process's gradient, the
+global token mean), clipped and stepped identically; the replicas stay equal and rank 0 alone saves.
 """
 
 from __future__ import annotations
@@ -273,28 +281,36 @@ def shared_prefix_nll(model: nn.Module, batch: Sequence[SFTExample], bf16: bool 
 
 def sft_step(model: nn.Module, opt: torch.optim.Optimizer, params: list[torch.Tensor], batch: Sequence[SFTExample],
              micro_batch_tokens: int, bf16: bool = False, device: str = "cpu",
-             pad_id: int = 0, forward: str = "shared-prefix") -> tuple[float, float, int, int]:
+             pad_id: int = 0, forward: str = "shared-prefix", rank: int = 0,
+             world_size: int = 1) -> tuple[float, float, int, int]:
     """One optimizer step on ``batch``: the loss of the module docstring (summed NLL over the batch's reply
     tokens, normalised by their count), accumulated over micro-batches of at most ``micro_batch_tokens`` padded
     tokens (``learner.batching.micro_batches``), gradients clipped to norm 1. ``forward``: ``shared-prefix``
-    (``shared_prefix_nll``) or ``padded`` (``batch_nll``), the same loss. Returns the summed reasoning and
-    outcome NLL and their token counts."""
+    (``shared_prefix_nll``) or ``padded`` (``batch_nll``), the same loss. With ``world_size`` > 1 (this process
+    is rank ``rank`` of a joined group) it runs only its share of ``batch`` and sums the gradients over the ranks
+    (module docstring). Returns the whole batch's summed reasoning and outcome NLL and their token counts."""
     import torch
 
+    from learner import data_parallel as dp
     from learner.batching import micro_batches
 
     n_r = sum(len(ex.reasoning_ids) for ex in batch)
     n_o = sum(len(ex.outcome_ids) for ex in batch)
-    denom = max(n_r + n_o, 1)
+    denom = max(n_r + n_o, 1)  # the whole batch's reply tokens, on every rank
+    own = batch if world_size == 1 else [batch[i] for i in dp.shard([len(ex) for ex in batch], rank, world_size)]
     opt.zero_grad(set_to_none=True)
     sum_r = sum_o = 0.0
-    for idx in micro_batches([len(ex) for ex in batch], micro_batch_tokens):
-        part = [batch[i] for i in idx]
+    for idx in micro_batches([len(ex) for ex in own], micro_batch_tokens):
+        part = [own[i] for i in idx]
         nll_r, nll_o = (shared_prefix_nll(model, part, bf16=bf16, device=device) if forward == "shared-prefix"
                         else batch_nll(model, part, bf16=bf16, device=device, pad_id=pad_id))
         ((nll_r.sum() + nll_o.sum()) / denom).backward()
         sum_r += float(nll_r.detach().sum())
         sum_o += float(nll_o.detach().sum())
+    if world_size > 1:
+        dp.all_reduce_grads(params)  # sum: each rank's loss is already divided by the whole batch's tokens
+        sums = dp.all_reduce_floats({"reasoning": sum_r, "outcome": sum_o}, device)
+        sum_r, sum_o = sums["reasoning"], sums["outcome"]
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     return sum_r, sum_o, n_r, n_o
@@ -307,7 +323,11 @@ def _lr(step: int, warmup: int, lr: float) -> float:
 def train_experience_model(
     cfg: DreamGymConfig, out_dir: str | Path, log: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune ``cfg.experience_model.train.base`` on ``train.data``; write an HF folder to ``out_dir``."""
+    """Fine-tune ``cfg.experience_model.train.base`` on ``train.data``; write an HF folder to ``out_dir``.
+
+    In a process that has joined a ``torch.distributed`` group (``learner.data_parallel.init_group``) this is one
+    rank of a data-parallel fine-tune (module docstring): call it on every rank with the same config; rank 0
+    alone writes ``out_dir`` and calls ``log``. Every rank returns the same summary."""
     import torch
 
     from dreamgym.models import resolve_model
@@ -332,9 +352,11 @@ def _train(
     import torch
     from transformers import AutoTokenizer
 
+    from learner import data_parallel as dp
     from learner.model import add_lora, load_causal_lm
 
     em, t = cfg.experience_model, cfg.experience_model.train
+    rank, world_size = dp.world()
     assert t.data is not None
     if t.device == "cuda" and not torch.cuda.is_available():
         raise DreamGymError("experience_model.train.device is cuda, but torch sees no CUDA device here: run the "
@@ -345,6 +367,8 @@ def _train(
     examples, counts = build_examples(t.data, tokenizer, em, t.store, cfg.run.seed, replay=cfg.replay)
     if not examples:
         raise DreamGymError(f"no training example fits max_seq_len={t.max_seq_len} in {t.data}")
+    if world_size > 1:  # every rank built them (no rank waits for another's minutes of retrieval); rank 0's rule
+        examples, counts = dp.broadcast_object((examples, counts))
     prep_s = time.perf_counter() - t0
     model = load_causal_lm(base, t.device)
     if t.gradient_checkpointing:
@@ -353,6 +377,8 @@ def _train(
     if t.method == "lora":
         model = add_lora(model, LoraConfig(enabled=True, r=t.lora_r, alpha=float(t.lora_alpha)))
     params = [p for p in model.parameters() if p.requires_grad]
+    if world_size > 1:  # the same start on every rank (LoRA adapters are initialised at random)
+        dp.broadcast_tensors(params)
     # The fused kernel: one pass over the weights instead of a dozen per-op passes, 2 s -> ~0.4 s a step on SmolLM2
     # (135M fp32 weights) on 2 cores; the same update within float rounding.
     opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=True)
@@ -369,28 +395,31 @@ def _train(
         for g in opt.param_groups:
             g["lr"] = _lr(step, t.warmup_steps, t.lr)
         sum_r, sum_o, n_r, n_o = sft_step(model, opt, params, [examples[i] for i in batch], t.micro_batch_tokens,
-                                          bf16=bf16, device=t.device, pad_id=pad_id, forward=t.forward)
+                                          bf16=bf16, device=t.device, pad_id=pad_id, forward=t.forward,
+                                          rank=rank, world_size=world_size)
         denom = max(n_r + n_o, 1)
         tokens += sum(len(examples[i]) for i in batch)
         rec = {"step": step + 1, "loss": (sum_r + sum_o) / denom, "reasoning_nll": sum_r / max(n_r, 1),
                "state_nll": sum_o / max(n_o, 1), "lr": opt.param_groups[0]["lr"],
                "tokens_per_s": tokens / (time.perf_counter() - t1)}
         history.append(rec)
-        if log and (step % t.log_every == 0 or step == len(batches) - 1):
+        if log and rank == 0 and (step % t.log_every == 0 or step == len(batches) - 1):
             log(rec)
     train_s = time.perf_counter() - t1
-    out = save_model(model, tokenizer, base, out_dir)
+    out = save_model(model, tokenizer, base, out_dir) if rank == 0 else Path(out_dir)  # the replicas are equal
     k = max(1, min(10, len(history) // 5))
     summary = {
         "out": str(out), "base": str(base), "method": t.method, "data": str(t.data), **counts,
         "examples_seen": sum(len(b) for b in batches), "steps": len(history), "epochs": t.epochs,
         "batch_size": t.batch_size, "precision": "bf16" if bf16 else "fp32", "device": t.device,
+        "data_parallel": world_size,
         "loss_first": sum(h["loss"] for h in history[:k]) / k, "loss_last": sum(h["loss"] for h in history[-k:]) / k,
         "reasoning_nll_last": history[-1]["reasoning_nll"], "state_nll_last": history[-1]["state_nll"],
         "prepare_seconds": round(prep_s, 2), "train_seconds": round(train_s, 2),
         "tokens_per_s": round(tokens / train_s, 1) if train_s else None,
     }
-    (out / "dreamgym_sft.json").write_text(json.dumps({"summary": summary, "history": history}, indent=1))
+    if rank == 0:
+        (out / "dreamgym_sft.json").write_text(json.dumps({"summary": summary, "history": history}, indent=1))
     return summary
 
 

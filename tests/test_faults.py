@@ -326,10 +326,10 @@ def test_a_replay_shard_and_the_learner_killed_lose_nothing_then_the_guard_stops
 @pytest.mark.timeout(600)
 def test_a_stalled_experience_model_fine_tune_is_stopped_within_its_bound(
         ray_cluster, tmp_path: Path, twx_parquet: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    """The experience-model fine-tune inside ``dreamgym train`` is a Ray task watched through its progress file:
-    when the file does not grow for ``experience_model.train.stall_timeout_s`` the task is cancelled and the run
-    stops with one line naming the bound. Here the bound (1 s) is shorter than the task's start (loading the
-    model), which the watchdog cannot tell from a hung task."""
+    """The experience-model fine-tune inside ``dreamgym train`` runs in Ray actors (one per learner rank) watched
+    through its progress file: when the file does not grow for ``experience_model.train.stall_timeout_s`` the ranks
+    are killed and the run stops with one line naming the bound. Here the bound (1 s) is shorter than the start
+    (annotating, loading the model), which the watchdog cannot tell from a hung rank."""
     import actors.train_setup as setup
     from dreamgym.errors import TrainingFaultError
 
