@@ -342,6 +342,16 @@ def test_a_model_folder_served_on_vllm(coin_data: Path, tmp_path: Path) -> None:
         assert m["steps"] == m["invalid_transitions"] == sum(m["invalid_transitions_by_reason"].values()) == 2
         assert m["model"]["model_calls"] == sum(m["model"]["reasons"].values()) == 4 and m["model"]["retries"] == 2
         assert m["model"]["completion_tokens"] > 0
+        # OpenEnv's own client on the same served model: the same retried, invalid step, counted by the same pool
+        with TokenClient(url + "/openenv", TOKEN).sync() as oe:
+            r = oe.reset(seed=1)
+            first = r.observation["state"]
+            r = oe.step({"action": r.observation["available_actions"][0]})
+            info = r.observation["info"]
+            assert r.done and r.reward == 0.0 and not info["valid"] and info["attempts"] == 2 and info["invalid_reason"]
+            assert len(info["demonstration_ids"]) == 1 and r.observation["state"] == first
+        m = requests.get(url + "/metrics", headers=AUTH, timeout=30).json()
+        assert m["steps"] == m["invalid_transitions"] == 3 and m["model"]["model_calls"] == 6
     finally:
         stop_server(proc)
 
