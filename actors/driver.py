@@ -301,8 +301,10 @@ class Run:
             waited = time.monotonic() - t0
             if waited >= bound:
                 raise self.fault(hung_message(f"{what} ({name})", bound, f"train.watchdog.{field}"))
-            self.progress.line(self.state.iteration, "waiting", f"{what}: waiting on {name} for {waited:.0f} s "
-                                                                f"(bound {bound:.0f} s, train.watchdog.{field})")
+            # the iteration in progress (``state.iteration`` counts finished ones), as the phase lines around it
+            in_progress = min(self.state.iteration + 1, self.cfg.train.iterations)
+            self.progress.line(in_progress, "waiting", f"{what}: waiting on {name} for {waited:.0f} s "
+                                                           f"(bound {bound:.0f} s, train.watchdog.{field})")
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as e:
