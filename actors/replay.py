@@ -294,8 +294,9 @@ def _check_server(cfg: ReplayConfig) -> None:
 def run_seed_replay(cfg: DreamGymConfig, data: str | Path, progress: bool = True) -> dict[str, Any]:
     """Seed the replay buffer from a transitions Parquet file; returns a summary (also in the run dir).
 
-    One shard without a Ray address runs in this process (no Ray needed); otherwise S shard actors.
-    The buffer lives in ``replay.path`` (default: ``replay/`` in the run directory) for later runs.
+    One shard without a Ray address (``ray.address``, ``RAY_ADDRESS``) runs in this process, as from the command
+    line, also in a process already connected to Ray (a shard actor would only add its start); otherwise S shard
+    actors. The buffer lives in ``replay.path`` (default: ``replay/`` in the run directory) for later runs.
     """
     from dreamgym.data.transitions import open_transitions
     from dreamgym.replay.seed import seed_from_parquet
@@ -305,7 +306,7 @@ def run_seed_replay(cfg: DreamGymConfig, data: str | Path, progress: bool = True
     run_dir = create_run_dir(cfg, "seed-replay")
     rcfg = cfg.replay
     root = Path(rcfg.path) if rcfg.path else (run_dir / "replay" if rcfg.backend != "server" else None)
-    if rcfg.shards == 1 and not cfg.ray.address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+    if rcfg.shards == 1 and not cfg.ray.address and not os.environ.get("RAY_ADDRESS"):
         buffer: Any = ReplayBuffer.from_config(rcfg, root)
     else:
         from actors.cluster import connect

@@ -77,9 +77,21 @@ def test_dreamgym_config_never_prints_a_key(route: str, tmp_path: Path, monkeypa
         assert shown["experience_model"]["annotate"]["teacher_api_key"] == MASK
 
 
+@pytest.fixture(scope="module")
+def few_transitions(twx_parquet: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """The first 8 rows of the shared ``twx:coin`` file: what a run directory holds does not depend on how many
+    rows were seeded, and embedding them all cost ~10 s per route."""
+    from dreamgym.data.transitions import TransitionWriter, read_transitions
+
+    path = tmp_path_factory.mktemp("secrets-data") / "coin-8.parquet"
+    with TransitionWriter(path) as w:
+        w.write(read_transitions(twx_parquet).slice(0, 8).to_pylist())
+    return path
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_run_directory_holds_no_key(route: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    twx_parquet: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+                                    few_transitions: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A real ``dreamgym seed-replay`` run (config.yaml, metrics.jsonl, the replay store), plus the metric sinks
     a training run opens on the same directory."""
     from dreamgym.cli import main
@@ -87,7 +99,7 @@ def test_run_directory_holds_no_key(route: str, tmp_path: Path, monkeypatch: pyt
 
     over = _give_keys(route, tmp_path, monkeypatch)
     runs = tmp_path / "runs"
-    code = main(["seed-replay", "--data", str(twx_parquet), "--path", str(tmp_path / "replay"),
+    code = main(["seed-replay", "--data", str(few_transitions), "--path", str(tmp_path / "replay"),
                  "--run.out_dir", str(runs), *over])
     assert code == 0
     (run_dir,) = runs.iterdir()

@@ -1,8 +1,9 @@
 """``dreamgym train`` on a 2-node Ray cluster started on this machine, with nothing read from a driver-local path.
 
-Node 1 (the head) hosts the driver's side: the learner, the policy engine, the replay shards and the curriculum.
-Node 2 has no CPUs for Ray (``--num-cpus 0``) and a custom resource ``worker_node``: only the actors that ask for
-it land there, the rollout workers (``train.rollout.resources``) and the experience-model replica
+Node 1 is the head of the session's Ray cluster (the ``ray_cluster`` fixture of ``tests/conftest.py``, 2 CPUs):
+it hosts the driver's side, the learner, the policy engine, the replay shards and the curriculum. Node 2, started
+here and joined to it, has no CPUs for Ray (``--num-cpus 0``) and a custom resource ``worker_node``: only the actors
+that ask for it land there, the rollout workers (``train.rollout.resources``) and the experience-model replica
 (``experience_model.engine.resources``), both with ``num_cpus: 0``.
 
 Both nodes share this machine's filesystem, so "nothing reads a driver-local path" is made true by hiding it:
@@ -12,15 +13,14 @@ or wrote one would fail the run. The offline data reaches the workers through th
 (``actors.files``); the run-directory check (``check_shared_run_dir``) is shown refusing a run whose replay shards
 could land on node 2.
 
-The two nodes run in the foreground (``ray start --block``) in their own process groups; the test stops exactly
-those (no machine-wide ``ray stop``), with their own temp dirs and free ports beside any other Ray on the machine.
+Node 2 runs in the foreground (``ray start --block``) in its own process group; the test stops exactly that (no
+machine-wide ``ray stop``), with its own temp dir and free ports beside any other Ray on the machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -127,42 +127,36 @@ def _stop(*procs: subprocess.Popen, grace_s: float = 2.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_nodes() -> Iterator[dict[str, Any]]:
+def two_nodes(ray_cluster: Any) -> Iterator[dict[str, Any]]:
     # Short paths: Ray's socket paths under the temp dir must stay under 108 characters.
     base = Path(tempfile.mkdtemp(prefix="dg2n-", dir="/tmp"))
     runs = base / "runs"
     runs.mkdir()
     (runs / "driver-only").write_text("on the driver's node only")
-    # Ray 2.60 clusters require token authentication: both nodes and the driver share a fresh token.
-    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN": secrets.token_hex(32), "HF_HUB_OFFLINE": "1",
+    # The session's head: a second head of our own cost ~20 s to start and stop. Its token authentication (on by
+    # default in Ray 2.60, RAY_AUTH_MODE set in this process by ray.init, the token in ~/.ray/auth_token) reaches
+    # node 2 and the drivers through this environment.
+    gcs = ray_cluster.get_runtime_context().gcs_address
+    ip = gcs.rsplit(":", 1)[0]
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "HF_HUB_OFFLINE": "1",
            # A machine busy with other work starts a node's agents slowly: wait for them (and the GCS) longer.
            "RAY_agent_register_timeout_ms": "300000", "RAY_raylet_start_wait_time_s": "120",
            "RAY_NUM_REDIS_GET_RETRIES": "120"}
     env.pop("RAY_ADDRESS", None)
     ray_bin = str(VENV_BIN / "ray")
     procs: list[subprocess.Popen] = []
-    gcs = 0
-
-    def head(attempt: int) -> list[str]:
-        nonlocal gcs
-        gcs = _free_port()
-        return [ray_bin, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-                f"--temp-dir={base / f'h{attempt}'}", "--include-dashboard=false", "--disable-usage-stats",
-                f"--ray-client-server-port={_free_port()}", *_node_ports()]
 
     def node2(attempt: int) -> list[str]:
         # In its own mount namespace, where run.out_dir is an empty read-only tmpfs.
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"', str(runs),
-                ray_bin, "start", "--block", f"--address=127.0.0.1:{gcs}", "--num-cpus=0",
-                '--resources={"worker_node": 10}', "--node-ip-address=127.0.0.1", f"--temp-dir={base / f'w{attempt}'}",
+                ray_bin, "start", "--block", f"--address={gcs}", "--num-cpus=0",
+                '--resources={"worker_node": 10}', f"--node-ip-address={ip}", f"--temp-dir={base / f'w{attempt}'}",
                 "--disable-usage-stats", *_node_ports()]
 
     try:
-        _start_node(head, base / "head", env, procs)
         _start_node(node2, base / "node2", env, procs)
-        probe = subprocess.run([sys.executable, "-c", _PROBE, f"127.0.0.1:{gcs}", str(runs)], capture_output=True,
+        probe = subprocess.run([sys.executable, "-c", _PROBE, gcs, str(runs)], capture_output=True,
                                text=True, env=env, timeout=300, cwd=base)
         assert probe.returncode == 0, (probe.stdout[-2000:] + probe.stderr[-3000:]
                                        + "".join(p.read_text()[-1500:] for p in sorted(base.glob("node2-*.log"))))
@@ -170,10 +164,10 @@ def two_nodes() -> Iterator[dict[str, Any]]:
         assert len(info["worker"]) == 1 and len(info["head"]) == 1, info
         # Node 2 sees nothing of the driver's run directory and cannot write into it.
         assert info["seen"] == {"node": info["worker"][0], "listed": [], "wrote": False}, info
-        yield {"address": f"127.0.0.1:{gcs}", "env": env, "runs": runs, "base": base,
+        yield {"address": gcs, "env": env, "runs": runs, "base": base,
                "worker_node": info["worker"][0], "head_node": info["head"][0]}
     finally:
-        _stop(*reversed(procs))
+        _stop(*procs)
         shutil.rmtree(base, ignore_errors=True)
 
 
