@@ -218,11 +218,17 @@ def run_arm_seed(cfg: DreamGymConfig, study_dir: Path, arm: str, seed: int, offl
 
 
 # -- the command -----------------------------------------------------------------------------------------
+def _study_dir(flag: str, path: str) -> Path:
+    """The study directory given to ``flag`` (``--resume``, ``--report``, ``--export``), refused without its config."""
+    d = Path(path)
+    if not (d / STUDY_CONFIG).is_file():
+        raise ConfigError(f"{flag} {d}: not a study directory (no {STUDY_CONFIG})")
+    return d
+
+
 def _open(args: argparse.Namespace, overrides: list[str]) -> tuple[DreamGymConfig, Path]:
     if args.resume:
-        d = Path(args.resume)
-        if not (d / STUDY_CONFIG).is_file():
-            raise ConfigError(f"--resume {d}: not a study directory (no {STUDY_CONFIG})")
+        d = _study_dir("--resume", args.resume)
         cfg = load_config(d / STUDY_CONFIG, overrides)
         save_config(cfg, d / STUDY_CONFIG)  # overrides (e.g. more seeds) apply to arm-seeds not started yet
         return cfg, d
@@ -289,17 +295,13 @@ def _report(cfg: DreamGymConfig, d: Path) -> dict[str, Path]:
 
 def cmd_study(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.export:
-        d, out = Path(args.export[0]), Path(args.export[1])
-        if not (d / STUDY_CONFIG).is_file():
-            raise ConfigError(f"--export {d}: not a study directory (no {STUDY_CONFIG})")
+        d, out = _study_dir("--export", args.export[0]), Path(args.export[1])
         done = export_study(d, out)
         print(f"exported {len(done)} finished arm-seed(s) of {d} to {out}: {', '.join(done) or 'none'}; continue "
               f"elsewhere with: cp -r {out} {d} && dreamgym study --resume {d}")
         return 0
     if args.report:
-        d = Path(args.report)
-        if not (d / STUDY_CONFIG).is_file():
-            raise ConfigError(f"--report {d}: not a study directory (no {STUDY_CONFIG})")
+        d = _study_dir("--report", args.report)
         paths = _report(load_config(d / STUDY_CONFIG), d)
         print(f"table {paths['table']}; plot {paths['plot']}; JSON {paths['json']}")
         return 0
