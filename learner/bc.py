@@ -27,8 +27,7 @@ from dreamgym.agent_prompt import ACTION_TAG, build_messages
 from dreamgym.data.expert import gold_episodes
 from dreamgym.grpo import policy_loss
 from dreamgym.types import AgentTurn, Observation, Task, Trajectory, Transition
-from learner.batching import collate, micro_batches
-from learner.model import token_logprobs
+from learner.batching import collate
 from learner.sequences import TokenSequence, assign_weights, trajectory_sequences
 
 __all__ = ["BehaviourCloning", "bc_sequences", "gold_episodes", "run_bc", "save_policy", "tokenise_episode"]
@@ -83,7 +82,8 @@ class BehaviourCloning:
         self.steps = 0
 
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """One optimizer step on ``trajectories``; returns ``nll`` (mean per gold reply token) and counts."""
+        """One optimizer step on ``trajectories``; returns ``nll`` (mean per gold reply token) and counts
+        (``processed_tokens``: token positions the model ran, a shared prefix once per micro-batch)."""
         import time
 
         import torch
@@ -94,15 +94,17 @@ class BehaviourCloning:
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = tokens = processed = 0.0
         lrn.model.train()
-        for idx in micro_batches([len(s) for s in seqs], lrn.cfg.micro_batch_tokens):
+        # The GRPO learner's micro-batching and forward: with ``learner.shared_prefix`` the gold steps' common
+        # prompt prefix (system text, worked example, task) runs once per micro-batch, as in an RL step.
+        for idx in lrn._micro_batches(seqs):
             mb = collate(seqs, idx, lrn.pad_id, lrn.device)
             with lrn._autocast():
-                logp = token_logprobs(lrn.model, mb.input_ids, mb.attention_mask, 1.0, mb.mask)
+                logp, forwarded = lrn._token_logprobs(lrn.model, mb, 1.0, mb.mask)
             terms = policy_loss(logp, logp.detach(), mb.advantages, mb.weights, mb.mask)
             terms.loss.backward()
             nll_sum += float(-(logp.detach() * mb.mask).sum())
             tokens += terms.tokens
-            processed += mb.num_tokens
+            processed += forwarded
         clip = lrn.cfg.grad_clip if lrn.cfg.grad_clip > 0 else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(lrn.params, clip))
         self.optimizer.step()

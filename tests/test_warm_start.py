@@ -54,3 +54,22 @@ def test_cloning_lowers_the_gold_reply_nll(gold, tmp_path: Path) -> None:
     assert hist[-1]["nll"] < 0.7 * hist[0]["nll"], [round(h["nll"], 3) for h in hist]
     out = save_policy(learner, tmp_path / "cloned")
     assert (out / "config.json").is_file() and AutoTokenizer.from_pretrained(str(out)) is not None
+
+
+@pytest.mark.slow
+def test_cloning_runs_the_shared_prompt_prefix_once(gold, tmp_path: Path) -> None:
+    """The warm start uses the RL learner's shared-prefix forward: the same loss and NLL as the plain forward,
+    for fewer token positions run."""
+    model = build_tiny_model(tmp_path / "tiny", seed=0)
+    metrics = {}
+    for shared in (False, True):
+        cfg = DreamGymConfig.model_validate({"policy": {"model": "tiny", "worked_example": True, "history_steps": 1},
+                                             "learner": {"device": "cpu", "shared_prefix": shared}})
+        tok = AutoTokenizer.from_pretrained(str(model))
+        trajs = [tokenise_episode(ep, tok, cfg.policy) for ep in gold_episodes(gold)][:4]
+        metrics[shared] = BehaviourCloning(Learner(cfg.learner, model, seed=0), lr=1e-2).step(trajs)
+    plain, shared = metrics[False], metrics[True]
+    assert shared["nll"] == pytest.approx(plain["nll"], rel=1e-4)
+    assert shared["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-3)
+    assert shared["policy_tokens"] == plain["policy_tokens"]
+    assert shared["processed_tokens"] < 0.8 * plain["processed_tokens"], (shared, plain)
