@@ -130,6 +130,17 @@ def learner_holding(le: LearnerConfig, facts: ModelFacts, sync_dtype: str | None
                 f"CUDA context {CUDA_CONTEXT_GIB:g}"
 
 
+def experience_sft_holding(cfg: DreamGymConfig, facts: ModelFacts) -> tuple[float, str]:
+    """GiB one rank of the experience-model fine-tune (``train.experience_sft``) holds: the learner's arithmetic
+    for the experience model's base with the fine-tune's method (full, or LoRA of rank ``lora_r`` on the
+    adapters' default modules, as ``learner.sft_experience`` builds them) and no reference copy."""
+    from dreamgym.config import LearnerConfig, LoraConfig
+
+    t = cfg.experience_model.train
+    le = LearnerConfig(lora=LoraConfig(enabled=t.method == "lora", r=t.lora_r), kl_coef=0.0)
+    return learner_holding(le, facts, None)
+
+
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
@@ -231,6 +242,11 @@ def plan_memory(cfg: DreamGymConfig, plan: PlacementPlan, gpus: int, gpu_gib: fl
             sync = engine_dtype(f.dtype if pe.dtype == "auto" else pe.dtype, pe.device, None) \
                 if nccl and actor.index == 0 else None
             gib, detail = learner_holding(le, f, sync, critic)
+        elif actor.role == "experience-sft":
+            f = known(em.train.base)
+            if f is None:
+                continue
+            gib, detail = experience_sft_holding(cfg, f)
         elif actor.role in engines:
             where, model, e = engines[actor.role]
             f = known(model)

@@ -137,6 +137,36 @@ def test_dry_run_prints_memory_per_gpu_and_refuses_a_plan_that_does_not_fit(tmp_
             "cache, less than one sequence of max_model_len 8192 (0.28 GiB)") in capsys.readouterr().out
 
 
+def test_dry_run_plans_the_experience_model_fine_tune_that_runs_before_the_actors(tmp_path: Path, capsys) -> None:
+    """A synthetic run fine-tunes the experience model first, on the learner's ranks: ``--dry-run`` shows that
+    placement and its memory per GPU, and refuses it when one rank does not fit its GPU."""
+    from dreamgym.commands.train import dry_run
+
+    model = _model_folder(tmp_path, QWEN25_3B)
+
+    def synthetic(method: str, gpu_memory_utilization: float) -> DreamGymConfig:
+        engine = {"device": "cuda", "dtype": "bfloat16", "max_model_len": 8192,
+                  "gpu_memory_utilization": gpu_memory_utilization}
+        return load_config(None, {
+            "policy": {"model": str(model), "engine": engine},
+            "learner": {"device": "cuda", "num_gpus": 1, "data_parallel": 2, "precision": "bf16-autocast",
+                        "lora": {"enabled": True}},
+            "experience_model": {"model": str(model), "backend": "ray", "engine": engine,
+                                 "train": {"base": str(model), "device": "cuda", "method": method}},
+            "train": {"mode": "synthetic", "experience_sft": True}})
+
+    cfg = synthetic("lora", 0.85)
+    assert dry_run(cfg, 32, 8, 8, 80) == 0
+    out = capsys.readouterr().out
+    sft = out[out.index("before the run, the experience-model fine-tune"):]
+    assert re.search(r"experience-sft\s+2\s+", sft), sft  # one rank per learner rank
+    assert "experience-sft-0: " in sft and "experience-sft-1: " in sft and "(LoRA)" in sft
+    # A full fine-tune of 3B (fp32 weights + grads + AdamW, ~46.5 GiB) does not fit a 40 GiB GPU.
+    assert dry_run(synthetic("full", 0.5), 32, 8, 8, 40) == 2
+    assert re.search(r"experience-model fine-tune: GPU 0 holds experience-sft-0 46\.5 = 46\.5 GiB, more than its "
+                     r"40 GiB", capsys.readouterr().out)
+
+
 # -- roles sharing a GPU start one after another (issue 31, defect 5) ------------------------------------------------
 def test_processes_that_may_share_a_gpu_start_one_by_one_and_two_engines_that_cannot_fit_are_refused() -> None:
     """gpu-check's one- and two-GPU runs share GPUs (fractions: engines, replica and learner start one by one in

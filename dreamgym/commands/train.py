@@ -75,7 +75,8 @@ def dry_run(cfg: DreamGymConfig, cluster_cpus: float | None = None, cluster_gpus
     plan per GPU (``dreamgym.memory_plan``; ``gpu_memory_gib`` per GPU, default an 80 GB GPU), which must fit too.
     Exit code 0 when it fits, 2 when not."""
     from dreamgym.memory_plan import DEFAULT_GPU_GIB, gpu_count, plan_memory
-    from dreamgym.placement import plan_placement
+    from dreamgym.placement import experience_sft_plan, plan_placement
+    from dreamgym.study.arms import fine_tunes_experience_model
 
     plan = plan_placement(cfg)
     print(plan.table())
@@ -92,6 +93,15 @@ def dry_run(cfg: DreamGymConfig, cluster_cpus: float | None = None, cluster_gpus
         memory = plan_memory(cfg, plan, max(int(gpus or 0), gpu_count(plan)), gpu_memory_gib or DEFAULT_GPU_GIB)
         print(memory.table())
         problems += memory.problems()
+    if fine_tunes_experience_model(cfg):  # it runs first, alone, so it is checked as a plan of its own
+        sft = experience_sft_plan(cfg)
+        print("before the run, the experience-model fine-tune (train.experience_sft):")
+        print(sft.table())
+        problems += [f"experience-model fine-tune: {p}" for p in sft.problems(cpus, gpus, node_gpus)]
+        if sft.total_gpus > 0:
+            memory = plan_memory(cfg, sft, max(int(gpus or 0), gpu_count(sft)), gpu_memory_gib or DEFAULT_GPU_GIB)
+            print(memory.table())
+            problems += [f"experience-model fine-tune: {p}" for p in memory.problems()]
     if problems:
         print(f"does not fit {what} ({shape}): " + "; ".join(problems))
         return 2
