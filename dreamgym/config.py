@@ -1306,17 +1306,33 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+#: A config's top-level key naming the YAML file it changes (a path relative to the config's own folder).
+EXTENDS_KEY = "extends"
+
+
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's mapping. With ``extends: other.yaml`` the file states only what differs: it is merged over
+    ``other.yaml`` (read the same way, so chains work; mappings merge key by key, lists and scalars replace)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        via = f" (extended by {_chain[-1]})" if _chain else ""
+        raise ConfigError(f"config file not found: {p}{via}")
+    if p.resolve() in _chain:
+        loop = " -> ".join(str(c) for c in (*_chain, p.resolve()))
+        raise ConfigError(f"config file {p}: '{EXTENDS_KEY}' goes round in a circle: {loop}")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must contain a mapping of sections, got {type(data).__name__}")
-    return data
+    parent = data.pop(EXTENDS_KEY, None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"config file {p}: '{EXTENDS_KEY}' must be the path of one YAML file (relative to "
+                          f"{p.parent}), got {parent!r}")
+    return deep_merge(read_yaml(p.parent / parent, (*_chain, p.resolve())), data)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> DreamGymConfig:

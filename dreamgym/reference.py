@@ -155,6 +155,8 @@ def config_reference() -> str:
              "Every field of the one typed config tree, `dreamgym/config.py`, generated from the code at build time. "
              "Set a field in a YAML file (`section: {field: value}`) or on the command line "
              "(`--section.field VALUE`); `dreamgym config [CONFIG] --explain` prints the same list in a terminal. "
+             "A YAML file may begin with `extends: other.yaml` (a path relative to the file) and state only what "
+             "differs: it is merged over that file, mappings key by key, lists and scalars replaced. "
              "Keys of earlier versions still load at their new place (`MOVED_KEYS` in `dreamgym/config.py`).", ""]
     sections = list(walk())
     lines += ["Sections: " + ", ".join(f"[`{p}`](#{_anchor(p)})" for p, _, _ in sections if p), ""]

@@ -66,6 +66,45 @@ def test_bad_yaml_and_missing_file(tmp_path) -> None:
         load_config(lst)
 
 
+def test_a_config_extends_another_and_states_only_what_differs(tmp_path) -> None:
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "root.yaml").write_text(
+        "env:\n  name: twx:coin\n  params: {numLocations: 3, includeDoors: 0}\n  max_steps: 10\n"
+        "curriculum:\n  tasks_per_iteration: 2\n")
+    (tmp_path / "base" / "mid.yaml").write_text("extends: root.yaml\ncurriculum:\n  tasks_per_iteration: 4\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: base/mid.yaml\nenv:\n  params: {numLocations: 5}\n")
+    cfg = load_config(child, ["--env.max_steps", "12"])
+    assert cfg.env.name == "twx:coin" and cfg.env.max_steps == 12  # from the root, then the command line
+    assert cfg.curriculum.tasks_per_iteration == 4  # the middle file over the root
+    assert cfg.env.params == {"numLocations": 5, "includeDoors": 0}  # mappings merge key by key
+
+
+def test_a_bad_extends_names_the_file(tmp_path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("extends: b.yaml\n")
+    b.write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"'extends' goes round in a circle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(a)
+    a.write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"config file not found: .*missing\.yaml \(extended by .*a\.yaml\)"):
+        load_config(a)
+    a.write_text("extends: [b.yaml]\n")
+    with pytest.raises(ConfigError, match="'extends' must be the path of one YAML file"):
+        load_config(a)
+
+
+def test_the_5_room_study_config_extends_the_3_room_one() -> None:
+    from pathlib import Path
+
+    configs = Path(__file__).parent.parent / "configs"
+    coin5 = load_config(configs / "study-coin5-cpu.yaml")
+    coin3 = load_config(configs / "study-cpu.yaml")
+    assert "extends: study-cpu.yaml" in (configs / "study-coin5-cpu.yaml").read_text()
+    assert coin5.env.params == {"numLocations": 5, "includeDoors": 0} and coin5.train.iterations == 10
+    assert coin5.experience_model.train == coin3.experience_model.train and coin5.learner == coin3.learner
+
+
 def test_override_without_value_is_refused() -> None:
     with pytest.raises(ConfigError, match="has no value"):
         parse_overrides(["--collect.episodes"])
