@@ -53,6 +53,7 @@ from dreamgym.rollout import (
 )
 from dreamgym.runs import MetricsLog, create_run_dir
 from dreamgym.schedule import Schedule, TrainingPhase
+from dreamgym.sync_choice import sleeps_engines
 from dreamgym.train_state import (
     IterationLog,
     TrainState,
@@ -69,7 +70,7 @@ from dreamgym.watchdog import hung_message
 #: The actors the driver waits on through ``Run.remote``: the name its messages give each and the
 #: ``train.watchdog`` field that bounds one call to it.
 WATCHED = {"learner": ("the learner actor", "learner_s"), "curriculum": ("the curriculum actor", "curriculum_s"),
-           "worker": ("rollout worker 0", "worker_s")}
+           "worker": ("rollout worker 0", "worker_s"), "engine": ("a policy engine", "engine_s")}
 
 
 @dataclass
@@ -314,6 +315,24 @@ class Run:
                 raise self.fault(f"{what} failed: an actor it called died ({type(e.cause).__name__})") from None
             raise  # a bug, not a fault: its traceback is what a maintainer needs
 
+    def sleep_engines(self, log: IterationLog) -> bool:
+        """Put the policy engines to sleep for the learner step (``train.sleep_engines``: on one GPU shared with
+        the learner, the step needs the memory their weights and KV cache hold). False when off."""
+        if not sleeps_engines(self.cfg):
+            return False
+        with log.timed("sleep"):
+            timeout = self.cfg.learner.sync_timeout_s
+            for i, e in enumerate(self.a.engines):
+                self.remote(e.sleep.remote(1, timeout), f"putting policy engine {i} to sleep", "engine")
+        return True
+
+    def wake_engines(self, log: IterationLog, tags: list[str] | None) -> None:
+        """Wake what ``tags`` names in every policy engine (``None``: everything; awake engines ignore it)."""
+        with log.timed("wake"):
+            for i, e in enumerate(self.a.engines):
+                self.remote(e.wake_up.remote(tags), f"waking policy engine {i} ({'all' if tags is None else tags})",
+                            "engine")
+
     def wait_restarted(self, index: int) -> None:
         """Until Ray has restarted worker ``index`` (a call to a restarting actor fails), within
         ``train.rollout.restart_timeout_s``."""
@@ -440,14 +459,21 @@ class Run:
                                           iteration=launched.iteration)
             except ReplayTimeoutError as e:  # a shard stuck or not back in time: like a dead learner
                 raise self.fault(str(e)) from None
-        with log.timed("learner"):
-            lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
-        sync: dict[str, Any] = {}
-        if not lm.get("skipped"):
-            st.learner_steps += 1
-            with log.timed("sync"):
-                sync = self.remote(self.a.learner.sync.remote(self.a.engines), f"the weight sync of "
-                                   f"v{int(lm['version'])} to {len(self.a.engines)} policy engine(s)")
+        asleep = self.sleep_engines(log)
+        try:
+            with log.timed("learner"):
+                lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
+            sync: dict[str, Any] = {}
+            if not lm.get("skipped"):
+                st.learner_steps += 1
+                if asleep:  # the sync writes into the engines' weight memory: wake it first, the KV cache after
+                    self.wake_engines(log, ["weights"])
+                with log.timed("sync"):
+                    sync = self.remote(self.a.learner.sync.remote(self.a.engines), f"the weight sync of "
+                                       f"v{int(lm['version'])} to {len(self.a.engines)} policy engine(s)")
+        finally:
+            if asleep:
+                self.wake_engines(log, None)
         # Earlier rounds were recorded as they ended.
         cm = self.remote(self.a.curriculum.step.remote(got.unrecorded), "the curriculum step", "curriculum")
         st.iteration = launched.iteration + 1
@@ -608,8 +634,14 @@ class Run:
         st.add_phase("setup", time.perf_counter() - t0)
         if gold is not None:
             t0 = time.perf_counter()
-            warm_start(cfg, self.a, gold, lambda m: self.say(m, "warm-start"),
-                       lambda m: self.record("warm_start", 0, **m), get=self.remote)
+            setup_log = IterationLog(st)
+            asleep = self.sleep_engines(setup_log)  # cloning steps the learner as RL does
+            try:
+                warm_start(cfg, self.a, gold, lambda m: self.say(m, "warm-start"),
+                           lambda m: self.record("warm_start", 0, **m), get=self.remote)
+            finally:
+                if asleep:
+                    self.wake_engines(setup_log, None)
             st.warm_started = True
             st.add_phase("warm_start", time.perf_counter() - t0)
         if self.a.learner is not None and int(self.remote(self.a.learner.version.remote(),

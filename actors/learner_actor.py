@@ -77,7 +77,13 @@ class LearnerActor:
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "version": self.learner.version.version, "device": self.learner.device,
-                "model_path": str(self.learner.model_path), "rank": self.rank, "world_size": self.world_size}
+                "model_path": str(self.learner.model_path), "rank": self.rank, "world_size": self.world_size,
+                "gpu_ids": [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]}
+
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """``log pi(x_t | x_<t)`` of each sequence under the current weights (an engine's ``score`` after a sync
+        must match it within the engine dtype's rounding)."""
+        return self.learner.sequence_logprobs(sequences)
 
     def version(self) -> int:
         return self.learner.version.version

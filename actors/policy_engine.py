@@ -51,12 +51,14 @@ class PolicyEngine:
         engine_index: int = 0,
         model_path: str | None = None,
         weight_transfer_backend: str | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         from dreamgym.vllm_engine import VllmPolicy
 
         self.name = f"policy-engine-{engine_index}"
         self.cfg = PolicyConfig.model_validate(cfg)
-        self.policy = VllmPolicy(self.cfg, engine_index, model_path, weight_transfer_backend=weight_transfer_backend)
+        self.policy = VllmPolicy(self.cfg, engine_index, model_path, weight_transfer_backend=weight_transfer_backend,
+                                 sleep_mode=sleep_mode)
         self.gate = UpdateGate(self.name)
 
     def info(self) -> dict[str, Any]:
@@ -135,6 +137,8 @@ class PolicyEngine:
             t = threading.Thread(target=join, name=f"{self.name}-nccl-init", daemon=True)
             t.start()
             t.join(timeout_s)
+        if t.is_alive() and self.policy.transfer_backend == "ipc":
+            raise TimeoutError(f"{self.name}: the CUDA IPC weight-transfer init did not complete in {timeout_s:g} s")
         if t.is_alive():
             raise TimeoutError(
                 f"{self.name}: NCCL weight-transfer rendezvous with {init_info.get('master_address')}:"
@@ -185,6 +189,34 @@ class PolicyEngine:
         self.gate.end(transaction)
         return {"engine": self.name, **done}
 
+    # -- sleep during the learner step (train.sleep_engines: one GPU shared with the learner) -------------
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def sleep(self, level: int = 1, timeout_s: float | None = None) -> dict:
+        """Sleep while the learner steps: the generation in flight finishes first, then vLLM's sleep (level 1:
+        weights to host memory, KV cache and prefix cache freed; on CPU only the scheduler pauses). Generation is
+        refused, naming the sleep, until ``wake_up`` has woken everything."""
+        import time
+
+        t0 = time.perf_counter()
+        with self.gate.update(f"sleep (level {level})", timeout_s, touches_weights=False):
+            self.policy.llm.sleep(level=level)
+            self.gate.fall_asleep(f"asleep at level {level} while the learner steps (train.sleep_engines); the "
+                                  "driver wakes it after the weight sync")
+        return {"engine": self.name, "seconds": time.perf_counter() - t0}
+
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def wake_up(self, tags: list[str] | None = None) -> dict:
+        """Wake what ``tags`` names (``weights`` before a sync writes into them, ``kv_cache`` after; ``None``:
+        everything). Generation resumes once nothing sleeps."""
+        import time
+
+        t0 = time.perf_counter()
+        self.policy.llm.wake_up(tags)
+        awake = not self.policy.llm.llm_engine.is_sleeping()
+        if awake:
+            self.gate.wake()
+        return {"engine": self.name, "awake": awake, "seconds": time.perf_counter() - t0}
+
     @ray.method(concurrency_group=WEIGHTS_GROUP)
     def shutdown_weight_transfer_engine(self) -> None:
         with self.gate.update("the NCCL group's shutdown", touches_weights=False):
@@ -199,13 +231,15 @@ def create_policy_engines(
     name_prefix: str | None = None,
     placements: Sequence[tuple[dict[str, Any], dict[str, str]]] | None = None,
     one_by_one: bool = False,
+    sleep_mode: bool = False,
 ) -> list[ActorHandle]:
     """Start ``num_engines`` (default ``cfg.num_engines``) engine actors; returns once all are ready.
 
     ``one_by_one``: each engine starts once the one before is up (engines that may share a GPU,
     ``dreamgym.placement.shares_gpus``: vLLM's profiling would charge one engine's memory to the other).
 
-    ``weight_transfer_backend="nccl"`` for the GPU weight sync (``actors.weight_sync.NcclWeightSync``).
+    ``weight_transfer_backend="nccl"`` or ``"ipc"`` for the GPU weight syncs (``actors.weight_sync.NcclWeightSync``,
+    ``IpcWeightSync``). ``sleep_mode``: the engines sleep during learner steps (``train.sleep_engines``).
     ``placements``: per engine, the Ray options and extra environment of ``actors.placement.actor_options``
     (its placement-group bundle); without them each engine asks for ``cfg.engine`` resources itself. The start
     is bounded by ``cfg.engine.start_timeout_s``; an engine not up by then is named in the error.
@@ -220,6 +254,10 @@ def create_policy_engines(
     if placements is not None and len(placements) != count:
         raise ValueError(f"{len(placements)} placements for {count} policy engines")
     env = engine_env(cfg.engine.device, cfg.engine.omp_threads, cfg.engine.enforce_eager)
+    if weight_transfer_backend == "ipc":
+        # vLLM's worker unpickles the IPC handles (``ipc_handles_pickled``) only with this set; they come from the
+        # learner on the same GPU, in this run.
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     handles = []
     for i in range(count):
         env_i = dict(env)
@@ -246,7 +284,7 @@ def create_policy_engines(
         actor_cls = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(PolicyEngine).options(**options)
         handles.append(
             actor_cls.remote(cfg.model_dump(mode="json"), i, str(model_path) if model_path else None,
-                             weight_transfer_backend)
+                             weight_transfer_backend, sleep_mode)
         )
         if one_by_one:
             start_or_kill(handles, {handles[-1].info.remote(): f"policy-engine-{i}"}, cfg.engine.start_timeout_s,

@@ -280,6 +280,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
     from actors.policy_engine import create_policy_engines
     from actors.rollout import create_rollout_workers
     from actors.weight_sync import engine_transfer_backend
+    from dreamgym.sync_choice import sleeps_engines
 
     plan = plan_placement(cfg)  # the one plan: checked, placed and started as is
     check_resources(cfg, log, plan)
@@ -309,7 +310,7 @@ def start_actors(cfg: DreamGymConfig, run_dir: Path, offline: Path | None, check
         f_engines = pool.submit(create_policy_engines, cfg.policy,
                                 weight_transfer_backend=engine_transfer_backend(cfg),
                                 placements=engine_places if plan.role("policy-engine")[0].group else None,
-                                one_by_one=one_by_one)
+                                one_by_one=one_by_one, sleep_mode=sleeps_engines(cfg))
         if one_by_one:
             f_engines.result()
         f_learner = None if one_by_one or not learner else pool.submit(create_learner_group, cfg, ckpt,

@@ -5,6 +5,9 @@ object store once (``ray.put``; zero-copy for torch tensors with
 ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1`` set before Ray is imported); every engine actor gets the
 reference, Ray resolves it in the actor's process and the engine loads the tensors in place.
 
+``IpcWeightSync`` (one GPU shared by the learner and the engine, marked gpu): the same protocol with vLLM's CUDA IPC
+engine; the learner's tensors are shared by handle, not copied.
+
 ``NcclWeightSync`` (GPU, marked gpu, not runnable on a CPU machine): vLLM's own trainer-side NCCL
 engine (``NCCLTrainerWeightTransferEngine``) broadcasts from the learner's GPU (rank 0) to every
 engine's tensor-parallel workers while the engines receive through ``update_weights``; the engine actors
@@ -158,7 +161,75 @@ class _EngineClient:
                   self.transaction)
 
 
-class NcclWeightSync(WeightSync):
+class _TrainerEngineSync(WeightSync):
+    """A sync driven by one of vLLM's trainer-side weight-transfer engines (NCCL, CUDA IPC) through
+    ``_EngineClient``; the transfer runs in a helper thread on the learner's CUDA device, bounded by
+    ``timeout_s`` so a dead peer cannot hang the learner."""
+
+    names: list[str]
+    client: _EngineClient
+    timeout_s: float
+    dtype: str
+    init_info: Any
+    _engine: Any = None
+
+    def _trainer_class(self) -> Any:
+        raise NotImplementedError
+
+    def _stalled(self, stage: str) -> str:
+        """The message of a ``stage`` (``rendezvous`` or ``transfer``) past ``timeout_s``."""
+        raise NotImplementedError
+
+    def push(self, weights: NamedTensors, version: int) -> SyncReport:
+        import torch
+
+        from dreamgym.dtypes import torch_dtype
+
+        t0 = time.perf_counter()
+        target = torch_dtype(self.dtype)
+        # Cast on the learner's device (no host round trip); both transfers send contiguous buffers.
+        source = _list_source([(n, t.detach().to(target).contiguous()) for n, t in weights])
+        self.client.version = version
+        # send_weights drives start/update/finish on the engines. The CUDA device is per thread: the worker
+        # thread uses the caller's.
+        device = torch.cuda.current_device()
+
+        def on_device(fn: Any, *a: Any, **kw: Any) -> Any:
+            torch.cuda.set_device(device)
+            return fn(*a, **kw)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync")
+        try:
+            if self._engine is None:
+                self._engine = pool.submit(
+                    on_device, self._trainer_class().trainer_init, self.init_info, client=self.client, source=source,
+                ).result(timeout=self.timeout_s)
+            self._engine.source = source
+            pool.submit(on_device, self._engine.send_weights).result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise WeightSyncError(self.names, version, self._stalled(
+                "rendezvous" if self._engine is None else "transfer")) from None
+        except WeightSyncError:
+            raise
+        except Exception as e:
+            raise WeightSyncError(self.names, version, f"{type(e).__name__}: {e}") from e
+        finally:
+            pool.shutdown(wait=False)
+        return SyncReport(
+            version=version,
+            seconds=time.perf_counter() - t0,
+            engines=list(self.names),
+            num_tensors=len(source.pairs),
+            num_bytes=sum(t.numel() * t.element_size() for _, t in source.pairs),
+        )
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+class NcclWeightSync(_TrainerEngineSync):
     """GPU path: NCCL broadcast from the learner (rank 0) into every engine's tensor-parallel workers.
 
     Build it in the learner's process (which owns a CUDA device) after the engines were created
@@ -192,62 +263,70 @@ class NcclWeightSync(WeightSync):
             packed=packed,
             rank=0,
         )
-        self._engine: Any = None
+        self._engine = None
 
-    def push(self, weights: NamedTensors, version: int) -> SyncReport:
-        import torch
+    def _trainer_class(self) -> Any:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
-        from dreamgym.dtypes import torch_dtype
+        return NCCLTrainerWeightTransferEngine
 
-        t0 = time.perf_counter()
-        target = torch_dtype(self.dtype)
-        # Cast on the learner's device (no host round trip); NCCL sends contiguous buffers.
-        source = _list_source([(n, t.detach().to(target).contiguous()) for n, t in weights])
-        self.client.version = version
-        # send_weights drives start/update/finish on the engines; a thread bounds it so a dead peer
-        # cannot hang the learner (the transfer group is unusable afterwards: close() and rebuild).
-        # The CUDA device is per thread: the worker thread uses the caller's.
-        device = torch.cuda.current_device()
+    def _stalled(self, stage: str) -> str:
+        where = f"{self.init_info.master_address}:{self.init_info.master_port}"
+        return (f"NCCL weight {stage} (learner at {where}, world size {self.ranks.world_size}) did not finish within "
+                f"{self.timeout_s:.3g} s")
 
-        def on_device(fn: Any, *a: Any, **kw: Any) -> Any:
-            torch.cuda.set_device(device)
-            return fn(*a, **kw)
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-sync")
-        try:
-            if self._engine is None:
-                self._engine = pool.submit(
-                    on_device, NCCLTrainerWeightTransferEngine.trainer_init, self.init_info, client=self.client,
-                    source=source,
-                ).result(timeout=self.timeout_s)
-            self._engine.source = source
-            pool.submit(on_device, self._engine.send_weights).result(timeout=self.timeout_s)
-        except FutureTimeout:
-            stage = "rendezvous" if self._engine is None else "transfer"
-            where = f"{self.init_info.master_address}:{self.init_info.master_port}"
-            raise WeightSyncError(
-                self.names, version, f"NCCL weight {stage} (learner at {where}, world size "
-                f"{self.ranks.world_size}) did not finish within {self.timeout_s:.3g} s"
-            ) from None
-        except WeightSyncError:
-            raise
-        except Exception as e:
-            raise WeightSyncError(self.names, version, f"{type(e).__name__}: {e}") from e
-        finally:
-            pool.shutdown(wait=False)
-        return SyncReport(
-            version=version,
-            seconds=time.perf_counter() - t0,
-            engines=list(self.names),
-            num_tensors=len(source.pairs),
-            num_bytes=sum(t.numel() * t.element_size() for _, t in source.pairs),
-        )
+class _IpcEngineClient(_EngineClient):
+    """``_EngineClient`` for CUDA IPC: no ranks (the engine's init info carries ``packed`` only), and the IPC handles
+    travel pickled (``ipc_handles_pickled``, which vLLM's worker decodes with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``,
+    set in the engine's environment) so that vLLM's engine-core message path carries them as plain text."""
 
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+    def init_payloads(self, init_info: dict[str, Any]) -> list[dict[str, Any]]:
+        return [dict(init_info) for _ in self.engines]
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        import base64
+        import pickle
+
+        def text(info: dict[str, Any]) -> dict[str, Any]:
+            handles = info.get("ipc_handles")
+            if handles is None:
+                return info
+            out = {k: v for k, v in info.items() if k != "ipc_handles"}
+            out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode()
+            return out
+
+        super().update_weights([text(i) for i in update_info] if isinstance(update_info, list) else text(update_info))
+
+
+class IpcWeightSync(_TrainerEngineSync):
+    """One GPU, colocated (GPU path, marked gpu): the learner hands its weights to the policy engine on the same
+    device by CUDA IPC handles (vLLM's ``IPCTrainerWeightTransferEngine``), no copy through the host or a network.
+
+    Build it in the learner's process after the engine was created with ``weight_transfer_backend="ipc"`` in
+    the learner's bundle (``train.colocate``: one bundle, one GPU, ``dreamgym.placement``). The engine sleeps during
+    the learner step and the driver wakes its weights before this push (``train.sleep_engines``).
+    """
+
+    def __init__(self, engines: Sequence[ActorHandle], timeout_s: float = 300.0, dtype: str = "bfloat16") -> None:
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        self.dtype = dtype
+        self.names = _engine_names(engines)
+        self.client = _IpcEngineClient(engines, self.names, timeout_s)
+        self.timeout_s = timeout_s
+        # Unpacked: each tensor is shared as it is (the learner's cast copy), no staging buffer on the GPU.
+        self.init_info = IPCTrainerInitInfo(packed=False, rank=0)
+        self._engine = None
+
+    def _trainer_class(self) -> Any:
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerWeightTransferEngine
+
+        return IPCTrainerWeightTransferEngine
+
+    def _stalled(self, stage: str) -> str:
+        return (f"CUDA IPC weight {stage} to the colocated engine did not finish within {self.timeout_s:.3g} s (is the "
+                "engine on the learner's GPU? train.colocate places both in one bundle)")
 
 
 class _MetaList(list):  # type: ignore[type-arg]
@@ -326,6 +405,8 @@ def make_weight_sync(cfg: DreamGymConfig, engines: Sequence[ActorHandle]) -> Wei
     dtype = served_dtype(engines, cfg.learner.sync_timeout_s) if e.dtype == "auto" else e.resolved_dtype()
     if kind == "object_store":
         return ObjectStoreWeightSync(engines, dtype=dtype, timeout_s=cfg.learner.sync_timeout_s)
+    if kind == "ipc":
+        return IpcWeightSync(engines, timeout_s=cfg.learner.sync_timeout_s, dtype=dtype)
     override = os.environ.get("DREAMGYM_NCCL_MASTER")
     if override:
         host, _, port_s = override.rpartition(":")
@@ -348,14 +429,14 @@ def served_dtype(engines: Sequence[ActorHandle], timeout_s: float) -> str:
 
 
 def sync_backend(cfg: DreamGymConfig) -> str:
-    """``object_store`` or ``nccl``: ``learner.weight_sync`` as ``dreamgym.sync_choice.choose_weight_sync`` settles it
-    (``auto`` by where the engines and the learner run)."""
-    from dreamgym.sync_choice import choose_weight_sync
+    """``object_store``, ``nccl`` or ``ipc``: ``learner.weight_sync`` as ``dreamgym.sync_choice.choose_weight_sync``
+    settles it (``auto`` by where the engines and the learner run)."""
+    from dreamgym.sync_choice import weight_sync_of
 
-    le, e = cfg.learner, cfg.policy.engine
-    return choose_weight_sync(le.weight_sync, e.device, le.device, le.num_gpus, e.num_gpus)
+    return weight_sync_of(cfg)
 
 
 def engine_transfer_backend(cfg: DreamGymConfig) -> str | None:
     """The ``weight_transfer_backend`` policy engines must be built with (``None`` for the object store)."""
-    return "nccl" if sync_backend(cfg) == "nccl" else None
+    kind = sync_backend(cfg)
+    return None if kind == "object_store" else kind

@@ -365,11 +365,12 @@ class LearnerConfig(Section):
     fails the step after this long instead of blocking the run)."""
     threads: int = Field(default=2, ge=1)
     """torch threads of a CPU learner (``OMP_NUM_THREADS`` of its actor)."""
-    weight_sync: Literal["auto", "object_store", "nccl"] = "auto"
+    weight_sync: Literal["auto", "object_store", "nccl", "ipc"] = "auto"
     """How engines receive new weights: through the Ray object store into vLLM's in-place reload
-    (CPU), or NCCL broadcast through vLLM's weight-transfer API (GPU). ``auto``: NCCL when the engines are on CUDA
-    and the learner has a GPU no engine can share (whole GPUs), else the object store; an explicit ``nccl`` that
-    cannot work is refused with the reason (``dreamgym.sync_choice.choose_weight_sync``)."""
+    (CPU), NCCL broadcast through vLLM's weight-transfer API (GPU), or CUDA IPC handles (one GPU shared by the
+    learner and the policy engine, ``train.colocate``). ``auto``: IPC for that one-GPU colocated layout, NCCL when
+    the engines are on CUDA and the learner has a GPU no engine can share (whole GPUs), else the object store; an
+    explicit choice that cannot work is refused with the reason (``dreamgym.sync_choice.choose_weight_sync``)."""
     sync_timeout_s: float = Field(default=300.0, gt=0.0)
     """A weight sync that takes longer raises, naming the engine and the version. It also bounds each engine's
     update: generation calls that wait on an update open longer give up, naming it (``dreamgym.weight_gate``)."""
@@ -1049,7 +1050,14 @@ class TrainConfig(Section):
     ranks (the learner's gradient sum; ``actors.experience_sft``), one process with one."""
     colocate: bool = False
     """Put the learner and the policy engines in one ``STRICT_PACK`` placement group (same node), e.g. a
-    GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing)."""
+    GPU node whose engines share the learner's NVLink; off by default (CPU runs need no packing). With one
+    learner rank and one CUDA engine asking for fractions of one GPU, both go into one bundle (the same GPU)
+    and the weights pass by CUDA IPC (``learner.weight_sync``)."""
+    sleep_engines: bool | None = None
+    """Put the policy engines to sleep during each learner step (vLLM sleep mode, level 1: weights to host memory,
+    KV cache freed) and wake them for the weight sync, weights first, KV cache after. ``None``: on exactly when
+    the weights pass by CUDA IPC (one GPU shared by the learner and the engine). Needs ``max_staleness`` 0. On a
+    CPU engine sleep frees nothing but pauses the engine's scheduler all the same."""
     invalid_episodes: InvalidEpisodes = "truncate"
     """A synthetic episode that an invalid transition ended (no usable experience-model reply within
     ``experience_model.max_attempts``). ``truncate``: the learner and the replay buffer keep its valid prefix, as
@@ -1217,13 +1225,18 @@ class DreamGymConfig(Section):
 
     @model_validator(mode="after")
     def _weight_sync_possible(self) -> DreamGymConfig:
-        from dreamgym.sync_choice import choose_weight_sync
+        from dreamgym.sync_choice import weight_sync_of
 
-        le, e = self.learner, self.policy.engine
         try:  # an explicit learner.weight_sync that cannot work for this layout is refused here, with the reason
-            choose_weight_sync(le.weight_sync, e.device, le.device, le.num_gpus, e.num_gpus)
+            sync = weight_sync_of(self)
         except ConfigError as err:
             raise ValueError(str(err)) from None
+        if self.train.sleep_engines and self.train.max_staleness:
+            raise ValueError(f"train.sleep_engines: a sleeping policy engine cannot serve rollouts that overlap the "
+                             f"learner step (train.max_staleness {self.train.max_staleness}); set one of them to 0")
+        if self.train.sleep_engines is False and sync == "ipc":
+            raise ValueError("train.sleep_engines false with learner.weight_sync 'ipc': on the one GPU they share, the "
+                             "learner's step needs the memory the awake engine holds; leave train.sleep_engines unset")
         return self
 
 

@@ -75,6 +75,11 @@ class WeightUpdateStalledError(ActorHungError):
     engines."""
 
 
+class EngineAsleepError(DreamGymError):
+    """A policy engine asked to generate while it sleeps for the learner step (``train.sleep_engines``): a driver
+    bug (rollouts overlapping the step) or a wake-up that failed, not a fault to resume from."""
+
+
 class ReplayTimeoutError(ReplayError):
     """The replay shards did not answer a call within ``replay.call_timeout_s`` (a shard stuck or not restarted
     in time); inside training a fault like a dead learner (``train.auto_resume``)."""

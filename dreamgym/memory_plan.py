@@ -213,7 +213,7 @@ def _slots(plan: PlacementPlan) -> list[tuple[ActorPlan, float, int]]:
 def plan_memory(cfg: DreamGymConfig, plan: PlacementPlan, gpus: int, gpu_gib: float = DEFAULT_GPU_GIB,
                 facts_for: FactsFor = model_facts) -> MemoryPlan:
     """The memory plan of ``cfg`` laid out as ``plan`` on ``gpus`` GPUs of ``gpu_gib`` GiB each."""
-    from dreamgym.sync_choice import choose_weight_sync
+    from dreamgym.sync_choice import weight_sync_of
 
     mem = MemoryPlan(gpu_gib, [GpuMemory(i) for i in range(max(gpus, 0))])
     facts: dict[str, ModelFacts | None] = {}
@@ -228,7 +228,7 @@ def plan_memory(cfg: DreamGymConfig, plan: PlacementPlan, gpus: int, gpu_gib: fl
         return facts[model]
 
     le, pe = cfg.learner, cfg.policy.engine
-    nccl = choose_weight_sync(le.weight_sync, pe.device, le.device, le.num_gpus, pe.num_gpus) == "nccl"
+    nccl = weight_sync_of(cfg) == "nccl"
     em = cfg.experience_model
     engines = {"policy-engine": ("policy.engine", cfg.policy.model, pe),
                "experience-replica": ("experience_model.engine", em.model, em.engine)}

@@ -16,7 +16,8 @@ Rules:
   starts one worker per bundle (``VLLM_RAY_BUNDLE_INDICES``).
 - The learner is ``learner.data_parallel`` actors (ranks), each with ``learner.num_cpus`` / ``num_gpus``.
 - ``train.colocate``: the learner ranks' bundles (bundles ``0 .. N-1``) and every policy engine's bundles
-  form one ``STRICT_PACK`` group.
+  form one ``STRICT_PACK`` group. With the CUDA IPC sync (one learner rank and one engine sharing one GPU,
+  ``dreamgym.sync_choice``) both sit in one bundle that holds the GPU fractions of both: the same device.
 - CPU engines, rollout workers, replay shards, the curriculum and a learner without ``colocate`` are
   plain actors with their own ``num_cpus`` / ``num_gpus``.
 
@@ -225,13 +226,21 @@ def _engine_actor(role: str, i: int, e: EngineConfig, group: str | None, first: 
 def plan_placement(cfg: DreamGymConfig) -> PlacementPlan:
     """The placement of every actor ``dreamgym train`` starts for ``cfg``."""
     from dreamgym.schedule import Schedule, steps_learner, uses_replay
+    from dreamgym.sync_choice import weight_sync_of
 
     plan = PlacementPlan()
     p, em, t, r = cfg.policy, cfg.experience_model, cfg.train, cfg.replay
     le = cfg.learner
     ranks = le.data_parallel if steps_learner(t) else 0  # a run that only evaluates has no learner
     cuda_policy = p.engine.device == "cuda"
-    if t.colocate:
+    if t.colocate and weight_sync_of(cfg) == "ipc":
+        # One GPU for one learner rank and one engine: both in one bundle, so Ray gives them the same device
+        # (CUDA IPC hands the weights over on it; two bundles of fractions may land on two GPUs of a node).
+        plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus, "colocated", (0,)) for r in range(ranks)]
+        plan.actors.append(_engine_actor("policy-engine", 0, p.engine, "colocated", 0))
+        cpus, gpus = p.engine.num_cpus + le.num_cpus * ranks, p.engine.num_gpus + le.num_gpus * ranks
+        plan.groups.append(GroupPlan("colocated", (Bundle(cpus, gpus),)))
+    elif t.colocate:
         bundles = [Bundle(le.num_cpus, le.num_gpus)] * ranks
         plan.actors += [ActorPlan("learner", r, le.num_cpus, le.num_gpus, "colocated", (r,))
                         for r in range(ranks)]

@@ -64,6 +64,7 @@ class VllmPolicy:
         engine_index: int = 0,
         model_path: str | Path | None = None,
         weight_transfer_backend: str | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         for k, v in engine_env(cfg.engine.device, cfg.engine.omp_threads, cfg.engine.enforce_eager).items():
             os.environ.setdefault(k, v)
@@ -74,7 +75,7 @@ class VllmPolicy:
         self.cfg = cfg
         self.engine_index = engine_index
         self.transfer_backend = weight_transfer_backend
-        """vLLM's weight-transfer backend (``nccl``), or ``None``: weights arrive as tensors (object store)."""
+        """vLLM's weight-transfer backend (``nccl``, ``ipc``), or ``None``: weights arrive as tensors (object store)."""
         self._received: set[str] | None = None
         self.model_path = Path(model_path) if model_path else resolve_model(cfg.model)
         kwargs: dict[str, Any] = {}
@@ -87,8 +88,12 @@ class VllmPolicy:
 
         kwargs.update(vllm_parallel_kwargs(e.tensor_parallel_size))
         if weight_transfer_backend:
-            # vLLM's trainer-to-engine transfer (NCCL on GPU); the CPU path needs none.
+            # vLLM's trainer-to-engine transfer (NCCL or CUDA IPC on GPU); the CPU path needs none.
             kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
+        if sleep_mode and e.device == "cuda":
+            # vLLM's sleep mode (its CuMem allocator) frees the weights and KV cache while the colocated learner
+            # steps (train.sleep_engines). A CPU engine has no sleep mode; its sleep still pauses the scheduler.
+            kwargs["enable_sleep_mode"] = True
         from dreamgym.model_facts import context_problem, model_facts
 
         try:

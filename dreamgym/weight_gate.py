@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from dreamgym.errors import WeightUpdateStalledError
+from dreamgym.errors import EngineAsleepError, WeightUpdateStalledError
 
 #: Deadline of an update whose caller gave none (``learner.sync_timeout_s``'s default).
 DEFAULT_UPDATE_TIMEOUT_S = 300.0
@@ -62,6 +62,7 @@ class UpdateGate:
         self._generating = 0
         self._open: Update | None = None
         self._incomplete: str | None = None
+        self._asleep: tuple[str, float] | None = None
         self._ids = itertools.count(1)
 
     # -- generation --------------------------------------------------------------------------------
@@ -87,6 +88,9 @@ class UpdateGate:
                 self._cv.wait(until - now)
             if self._incomplete is not None:
                 raise WeightUpdateStalledError(f"{self.name}: {what} refused: {self._incomplete}")
+            if self._asleep is not None:
+                why, since = self._asleep
+                raise EngineAsleepError(f"{self.name}: {what} refused: {why} (for {time.monotonic() - since:.0f} s)")
             self._generating += 1
         try:
             yield
@@ -164,6 +168,17 @@ class UpdateGate:
             raise
         self.end(tx)
 
+    # -- sleep (train.sleep_engines) ------------------------------------------------------------------
+    def fall_asleep(self, why: str) -> None:
+        """From now on generation is refused with ``why`` (call it inside ``update``: nothing is generating)."""
+        with self._cv:
+            self._asleep = (why, time.monotonic())
+
+    def wake(self) -> None:
+        with self._cv:
+            self._asleep = None
+            self._cv.notify_all()
+
     # -- introspection -----------------------------------------------------------------------------
     def state(self) -> dict[str, object]:
         """For ``info`` and tests: whether an update is open, generation in flight, incomplete weights."""
@@ -171,4 +186,5 @@ class UpdateGate:
             u = self._open
             return {"open": None if u is None else {"transaction": u.transaction, "what": u.what,
                                                     "seconds": time.monotonic() - u.started},
-                    "generating": self._generating, "incomplete": self._incomplete}
+                    "generating": self._generating, "incomplete": self._incomplete,
+                    "asleep": None if self._asleep is None else self._asleep[0]}

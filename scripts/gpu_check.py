@@ -239,11 +239,14 @@ def run_subprocess(cmd: list[str], timeout_s: float, log: Path, env: dict[str, s
 def train_command(out: Path, gpus: int) -> list[str]:
     """A 3-iteration ``dreamgym train`` with CUDA engines and learner on the tiny model (s2r: synthesis and real).
 
-    With 3+ GPUs: a whole GPU each and the NCCL weight sync (NCCL needs its ranks on distinct GPUs); with fewer
-    the engines and the learner share the GPUs (fractional GPUs) and the weights go through the object store.
+    With 3+ GPUs: a whole GPU each and the NCCL weight sync (NCCL needs its ranks on distinct GPUs). With one GPU:
+    the one-GPU colocated layout (the learner and the policy engine in one bundle, the engine asleep during each
+    learner step, the weights by CUDA IPC), the experience-model replica beside them. With two the engines and the
+    learner share the GPUs (fractional GPUs) and the weights go through the object store.
     """
     share = gpus < 3
     g = "0.3" if share else "1"
+    one_gpu = gpus == 1
     o = {
         "--run.out_dir": str(out / "runs"), "--run.name": "gpu-check",
         "--policy.model": "tiny", "--policy.engine.device": "cuda", "--policy.engine.dtype": "bfloat16",
@@ -253,7 +256,8 @@ def train_command(out: Path, gpus: int) -> list[str]:
         "--experience_model.engine.max_model_len": "2048",
         "--experience_model.engine.gpu_memory_utilization": "0.2", "--experience_model.engine.num_gpus": g,
         "--learner.device": "cuda", "--learner.num_gpus": g, "--learner.precision": "bf16-autocast",
-        "--learner.weight_sync": "object_store" if share else "nccl",
+        "--learner.weight_sync": "auto" if one_gpu else "object_store" if share else "nccl",
+        "--train.colocate": "true" if one_gpu else "false",
         "--train.iterations": "3", "--train.synthetic_iterations": "2", "--train.experience_sft": "false",
         "--train.eval.tasks": "4", "--collect.episodes": "20", "--curriculum.llm_variants": "0",
     }

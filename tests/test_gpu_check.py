@@ -52,11 +52,13 @@ def test_full_mode_train_command_fits_the_gpus_it_finds() -> None:
     from dreamgym.config import load_config
     from dreamgym.memory_plan import context_problems, plan_memory
     from dreamgym.placement import plan_placement
+    from dreamgym.sync_choice import sleeps_engines, weight_sync_of
 
-    for gpus, sync in ((1, "object_store"), (2, "object_store"), (4, "nccl")):
+    for gpus, sync in ((1, "ipc"), (2, "object_store"), (4, "nccl")):
         cmd = gpu_check.train_command(Path("/tmp/x"), gpus)
         cfg = load_config(None, cmd[cmd.index("train") + 1:])
-        assert cfg.train.iterations == 3 and cfg.learner.weight_sync == sync
+        assert cfg.train.iterations == 3 and weight_sync_of(cfg) == sync
+        assert sleeps_engines(cfg) is (gpus == 1)  # one GPU: the colocated layout, the engine asleep in each step
         plan = plan_placement(cfg)
         assert plan.problems(16, gpus, gpus) == []
         # issue 31, defect 2: every engine fits its model's context (the replicas asked 4096 of the tiny model's 2048)

@@ -15,7 +15,7 @@ from dreamgym.errors import ConfigError
 from dreamgym.memory_plan import context_problems
 from dreamgym.models import build_tiny_model
 from dreamgym.placement import plan_placement
-from dreamgym.sync_choice import choose_weight_sync
+from dreamgym.sync_choice import Colocation, choose_weight_sync, sleeps_engines, weight_sync_of
 
 TESTS = Path(__file__).parent
 
@@ -38,9 +38,26 @@ WEIGHT_SYNC_TABLE = [
 ]
 
 
+# The one-GPU colocated layout (CUDA IPC): one learner rank and one engine in one bundle of one GPU
+ONE_GPU = Colocation(colocated=True)
+WEIGHT_SYNC_TABLE += [
+    (("auto", "cuda", "cuda", 0.5, 0.5, ONE_GPU), "ipc"),
+    (("ipc", "cuda", "cuda", 0.5, 0.5, ONE_GPU), "ipc"),
+    (("auto", "cuda", "cuda", 0.5, 0.5, Colocation()), "object_store"),  # fractions, not colocated: maybe two GPUs
+    (("ipc", "cuda", "cuda", 0.5, 0.5, Colocation()), "share a GPU only with train.colocate true"),
+    (("auto", "cuda", "cuda", 1.0, 1.0, ONE_GPU), "nccl"),  # colocated on a node, a GPU each
+    (("ipc", "cuda", "cuda", 1.0, 1.0, ONE_GPU), r"num_gpus 1 \+ policy.engine.num_gpus 1 is more than one GPU"),
+    (("ipc", "cpu", "cpu", 0.0, 1.0, ONE_GPU), "CUDA IPC needs the policy engine and the learner on a CUDA GPU"),
+    (("ipc", "cuda", "cuda", 0.5, 0.5, Colocation(True, engines=2)), "policy.num_engines 2"),
+    (("ipc", "cuda", "cuda", 0.5, 0.5, Colocation(True, learner_ranks=2)), "learner.data_parallel 2"),
+    (("ipc", "cuda", "cuda", 0.5, 0.5, Colocation(True, max_staleness=1)), "train.max_staleness 1; set 0"),
+    (("auto", "cuda", "cuda", 0.5, 0.5, Colocation(True, max_staleness=1)), "object_store"),
+]
+
+
 @pytest.mark.parametrize(("args", "expected"), WEIGHT_SYNC_TABLE)
 def test_weight_sync_choice_table(args: tuple, expected: str) -> None:
-    if expected in ("object_store", "nccl"):
+    if expected in ("object_store", "nccl", "ipc"):
         assert choose_weight_sync(*args) == expected
     else:
         with pytest.raises(ConfigError, match=expected):
@@ -59,6 +76,37 @@ def test_auto_does_not_pick_nccl_for_a_learner_sharing_the_engines_gpu_and_expli
     assert sync_backend(load_config(None, own)) == "nccl"
     with pytest.raises(ConfigError, match=r"learner.weight_sync 'nccl' cannot work: .*fractions of a GPU"):
         load_config(None, {**shared, "learner": {**shared["learner"], "weight_sync": "nccl"}})
+
+
+def test_one_gpu_colocated_layout_shares_one_bundle_and_sleeps_the_engine() -> None:
+    """The commonest first GPU run: one GPU for the learner and the policy engine. ``auto`` picks CUDA IPC, both
+    actors sit in one bundle (one device), the engine sleeps during learner steps, and the memory plan puts both
+    on GPU 0; settings that contradict it are refused with the reason."""
+    from dreamgym.memory_plan import plan_memory
+
+    one_gpu = {"policy": {"engine": {"device": "cuda", "num_gpus": 0.5, "gpu_memory_utilization": 0.4}},
+               "learner": {"device": "cuda", "num_gpus": 0.5}, "train": {"mode": "real", "colocate": True}}
+    cfg = load_config(None, one_gpu)
+    assert weight_sync_of(cfg) == "ipc" and sleeps_engines(cfg)
+    plan = plan_placement(cfg)
+    (group,) = plan.groups
+    assert group.name == "colocated" and len(group.bundles) == 1 and group.bundles[0].gpus == 1.0
+    assert [(a.role, a.bundles) for a in plan.actors if a.group] == [("learner", (0,)), ("policy-engine", (0,))]
+    assert plan.problems(cluster_gpus=1, node_gpus=1) == []
+    memory = plan_memory(cfg, plan, 1, 80)
+    assert [h.actor for h in memory.gpus[0].holdings] == ["learner-0", "policy-engine-0"]
+    with pytest.raises(ConfigError, match=r"train.sleep_engines false with learner.weight_sync 'ipc'"):
+        load_config(None, {**one_gpu, "train": {**one_gpu["train"], "sleep_engines": False}})
+    with pytest.raises(ConfigError, match=r"train.sleep_engines: a sleeping policy engine cannot serve rollouts"):
+        load_config(None, {"train": {"sleep_engines": True, "max_staleness": 1}})
+    with pytest.raises(ConfigError, match=r"learner.weight_sync 'ipc' .* share a GPU only with train.colocate true"):
+        load_config(None, {**one_gpu, "learner": {**one_gpu["learner"], "weight_sync": "ipc"},
+                           "train": {"mode": "real"}})
+    # Not colocated, or a GPU each: no IPC, no sleep (unless asked for)
+    assert weight_sync_of(load_config(None, {**one_gpu, "train": {"mode": "real"}})) == "object_store"
+    whole = load_config(None, {**one_gpu, "policy": {"engine": {"device": "cuda", "num_gpus": 1}},
+                               "learner": {"device": "cuda", "num_gpus": 1}})
+    assert weight_sync_of(whole) == "nccl" and not sleeps_engines(whole)
 
 
 # -- every gpu-marked test's configuration, built here (issue 31, defect 3) -----------------------------------------

@@ -158,6 +158,29 @@ def test_one_full_cycle_sample_step_sync_sample(engine, word_model: Path) -> Non
     assert all(t.weight_version == 1 for g in groups for t in g.trajectories)
 
 
+def test_an_engine_asleep_for_the_learner_step_refuses_generation_until_woken(engine, word_model: Path) -> None:
+    """``train.sleep_engines`` (the one-GPU colocated layout) on a real CPU engine: vLLM's sleep pauses its
+    scheduler (a CPU engine has no memory to free), generation is refused by name while it sleeps, the sync
+    writes into the woken weights, and the engine serves the new version once its KV cache is woken too."""
+    from dreamgym.errors import EngineAsleepError
+
+    learner = _learner(word_model)
+    sync = ObjectStoreWeightSync([engine], timeout_s=120)
+    assert ray.get(engine.sleep.remote(1, 60))["engine"] == "policy-engine-0"
+    assert ray.get(engine.info.remote())["gate"]["asleep"].startswith("asleep at level 1")
+    with pytest.raises(EngineAsleepError, match=r"policy-engine-0: act \(4 turns\) refused: asleep at level 1 "):
+        ray.get(engine.act.remote(TURNS, n=1))
+    assert ray.get(engine.wake_up.remote(["weights"]))["awake"] is False  # the KV cache still sleeps
+    version = ray.get(engine.weight_version.remote()) + 1
+    sync.push(learner.sync_weights(), version=version)
+    with pytest.raises(EngineAsleepError):
+        ray.get(engine.act.remote(TURNS, n=1))
+    assert ray.get(engine.wake_up.remote(["kv_cache"]))["awake"] is True
+    samples = ray.get(engine.act.remote(TURNS, n=2))
+    assert {s.weight_version for g in samples for s in g} == {version}
+    assert ray.get(engine.info.remote())["gate"]["asleep"] is None
+
+
 def test_a_weight_update_is_atomic_with_respect_to_generation(engine, word_model: Path, tmp_path: Path) -> None:
     """Issue 31, defect 4 (``train.max_staleness >= 1``: rollouts sample while the learner syncs). An update sent
     in chunks (start, one ``update_weights`` per chunk, finish: vLLM's weight-transfer protocol, whose layerwise

@@ -278,13 +278,17 @@ def test_synthetic_training_needs_no_real_environment_and_resamples_a_round_with
                         "param_variants": 0},
             learner={"group_size": 6},
             train={"mode": "synthetic", "iterations": 2, "offline_data": str(offline),
-                   "resample": {"min_mixed_groups": 1, "synthetic_rounds": 2},
+                   "resample": {"min_mixed_groups": 1, "synthetic_rounds": 2}, "sleep_engines": True,
                    "warm_start": {"method": "none"}, "eval": {"enabled": False}}))
         s = run_train(cfg)
     assert s["iterations"] == 2 and s["real_transitions"] == 0 and s["eval_transitions"] == 0
     assert s["learner_steps"] == 2, s  # every synthetic iteration moved the weights
     iters = [r for r in _read_metrics(Path(s["run_dir"])) if r["event"] == "iteration"]
     assert [int(it["learner"]["version"]) for it in iters] == [1, 2]
+    # train.sleep_engines (as on one GPU shared with the learner): the engine slept through every learner step
+    # and was woken (weights, then everything) around every sync; the next iteration sampled from the new version
+    phases = [set(it["phase_seconds"]) for it in iters]
+    assert all({"sleep", "learner", "wake", "sync"} <= p for p in phases), phases
     assert all(it["rollout"]["real_resets"] == 0 and it["groups"]["mixed_groups"] >= 1 for it in iters)
     assert {t.split("#")[0] for it in iters for t in it["tasks"]} <= {"remote:webarena/0", "remote:webarena/1"}
     report = (Path(s["run_dir"]) / "report.md").read_text()
