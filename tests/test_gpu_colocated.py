@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from grpo_helpers import random_groups
+from placed_actors import placed_learner_and_engines
 
 from dreamgym.config import DreamGymConfig, load_config
 from dreamgym.models import build_tiny_model
@@ -43,25 +44,12 @@ def test_one_gpu_colocated_ipc_sync_with_the_engine_asleep_during_the_step(
         ray_cluster: object, tiny: Path, dtype: str, tolerance: float) -> None:
     import ray
 
-    from actors.learner_actor import create_learner
-    from actors.placement import actor_options, create_groups, remove_groups
-    from actors.policy_engine import create_policy_engines
     from actors.weight_sync import engine_transfer_backend
-    from dreamgym.placement import plan_placement
     from dreamgym.sync_choice import sleeps_engines
 
     cfg = ipc_config(tiny, dtype)
     assert engine_transfer_backend(cfg) == "ipc" and sleeps_engines(cfg)
-    plan = plan_placement(cfg)
-    groups = create_groups(plan, 120, print)
-    handles = []
-    try:
-        learner_opts, _ = actor_options(plan.role("learner")[0], groups)
-        learner = create_learner(cfg, None, {"scheduling_strategy": learner_opts["scheduling_strategy"]})
-        handles.append(learner)
-        (engine,) = create_policy_engines(cfg.policy, weight_transfer_backend="ipc", sleep_mode=True,
-                                          placements=[actor_options(a, groups) for a in plan.role("policy-engine")])
-        handles.append(engine)
+    with placed_learner_and_engines(cfg, sleep_mode=True) as (learner, (engine,)):
         assert ray.get(learner.info.remote())["gpu_ids"] == ray.get(engine.info.remote())["gpu_ids"]  # one device
         seq = [1, 20, 30, 40, 50, 60]
         before = ray.get(engine.score.remote([seq]))[0]
@@ -75,7 +63,3 @@ def test_one_gpu_colocated_ipc_sync_with_the_engine_asleep_during_the_step(
         mine = ray.get(learner.sequence_logprobs.remote([seq]))[0]
         assert max(abs(a - b) for a, b in zip(after, mine, strict=True)) <= tolerance, (after, mine)
         assert max(abs(a - b) for a, b in zip(after, before, strict=True)) > 10 * tolerance  # the weights moved
-    finally:
-        for h in handles:
-            ray.kill(h)
-        remove_groups(groups)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from grpo_helpers import random_groups
+from placed_actors import placed_learner_and_engines
 
 from dreamgym.config import DreamGymConfig, load_config
 from dreamgym.models import build_tiny_model
@@ -51,24 +52,7 @@ GPUS_NEEDED = {"two_engines": 3, "tensor_parallel": 3}
 def _run_sync(ray_cluster: object, tiny: Path, engines: int, tp: int) -> None:
     import ray
 
-    from actors.learner_actor import create_learner
-    from actors.placement import actor_options, create_groups, remove_groups
-    from actors.policy_engine import create_policy_engines
-    from actors.weight_sync import engine_transfer_backend
-    from dreamgym.placement import plan_placement
-
-    cfg = gpu_config(tiny, engines, tp)
-    plan = plan_placement(cfg)
-    groups = create_groups(plan, 120, print)
-    handles = []
-    try:
-        learner_opts, _ = actor_options(plan.role("learner")[0], groups)
-        learner = create_learner(cfg, None, {"scheduling_strategy": learner_opts["scheduling_strategy"]})
-        handles.append(learner)
-        places = [actor_options(a, groups) for a in plan.role("policy-engine")]
-        engs = create_policy_engines(cfg.policy, weight_transfer_backend=engine_transfer_backend(cfg),
-                                     placements=places)
-        handles += engs
+    with placed_learner_and_engines(gpu_config(tiny, engines, tp)) as (learner, engs):
         ray.get(learner.step.remote(random_groups(1)))
         rep = ray.get(learner.sync.remote(engs), timeout=300)
         assert rep["engines"] == engines and rep["version"] == 1
@@ -77,10 +61,6 @@ def _run_sync(ray_cluster: object, tiny: Path, engines: int, tp: int) -> None:
         scores = [ray.get(e.score.remote([seq]))[0] for e in engs]
         for s in scores[1:]:  # every engine holds the same new weights
             assert max(abs(a - b) for a, b in zip(scores[0], s, strict=True)) < 1e-3
-    finally:
-        for h in handles:
-            ray.kill(h)
-        remove_groups(groups)
 
 
 def test_two_engines_sync_over_nccl_with_distinct_ranks(ray_cluster: object, tiny: Path) -> None:
