@@ -270,6 +270,26 @@ def test_the_pattern_is_judged_on_paired_intervals_when_episodes_were_kept() -> 
     assert rules["holds"] is True and rules["resolved"] is True  # one seed, but a paired interval over episodes
 
 
+def test_an_arm_seed_started_but_not_finished_is_reported_as_such_by_its_folder(tmp_path: Path) -> None:
+    """A study stopped mid arm-seed cannot have updated the arm-seed's record ("running"): the table says it was
+    started and not finished, and names its folder inside the study, not a path of the machine it ran on."""
+    from dreamgym.config import save_config
+
+    cfg = load_config(None, {"study": {"name": "stopped", "arms": ["base", "dreamgym"], "seeds": 1}})
+    study = tmp_path / "study-stopped"
+    (study / "dreamgym" / "seed-0").mkdir(parents=True)
+    save_config(cfg, study / "study.yaml")
+    save_config(arm_seed_config(cfg, "dreamgym", 0, tmp_path / "offline.parquet"), study / "dreamgym" / "seed-0" /
+                "config.yaml")
+    (study / "dreamgym" / "seed-0" / "study_run.json").write_text(json.dumps(
+        {"arm": "dreamgym", "seed": 0, "attempts": 1, "status": "running"}))
+    assert main(["study", "--report", str(study)]) == 0
+    table = (study / "results.md").read_text()
+    assert ("- dreamgym seed 0: started, not finished (still running, or stopped: --resume continues it) "
+            "(dreamgym/seed-0)") in table
+    assert str(tmp_path) not in table
+
+
 def test_report_and_resume_need_a_study_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["study", "--report", str(tmp_path)]) == 2
     assert main(["study", "--resume", str(tmp_path)]) == 2
@@ -344,6 +364,7 @@ def test_a_tiny_study_runs_resumes_and_reports(ray_cluster, tmp_path: Path) -> N
     assert result["checks"]["same_eval_set"] and result["checks"]["eval_sets"][0]["tasks"] == 3
     runs = {(r["arm"], r["seed"]): r for r in result["runs"]}
     assert len(runs) == 4 and all(r["finished"] for r in runs.values())
+    assert all(r["run_dir"] == f"{arm}/seed-{seed}" for (arm, seed), r in runs.items())  # inside the study
     r = runs[("dreamgym", 0)]
     assert r["iterations"] == 2 and 1 <= r["learner_steps"] <= 2, r  # synthetic groups had reward variance
     assert r["groups"] >= 1 and r["mixed_group_share"] > 0 and r["reward_success_agreement"] == 1.0, r

@@ -68,7 +68,9 @@ class ArmSeed:
         ws = t.get("warm_start") or {}
         ws_steps = int(ws.get("steps", 0)) if ws.get("method") == "sft" else 0
         warm = ws_steps if "warm_start" in (s.get("phase_seconds") or {}) else 0
-        return {"arm": self.arm, "seed": self.seed, "run_dir": str(self.path), "finished": self.finished,
+        # the arm-seed's folder inside the study (``arm/seed-N``): the report stays true when the study is moved
+        return {"arm": self.arm, "seed": self.seed, "run_dir": f"{self.arm}/{self.path.name}",
+                "finished": self.finished,
                 "success": s.get("success_final"), "random_valid_success": s.get("baseline_success"),
                 "success_start": s.get("success_start"), "real_transitions": s.get("real_transitions"),
                 "synthetic_transitions": s.get("synthetic_transitions"),
@@ -336,8 +338,11 @@ def table(result: dict[str, Any], name: str) -> str:
     failed = [r for r in result["runs"] if not r["finished"]]
     if failed:
         lines += ["", "Unfinished arm-seeds:"]
-        lines += [f"- {r['arm']} seed {r['seed']}: {r['status']}" + (f": {r['error']}" if r["error"] else "")
-                  + f" ({r['run_dir']})" for r in failed]
+        # "running" is what the study wrote when it started the arm-seed; a stopped study cannot have updated it
+        lines += [f"- {r['arm']} seed {r['seed']}: "
+                  + ("started, not finished (still running, or stopped: --resume continues it)"
+                     if r["status"] == "running" else r["status"])
+                  + (f": {r['error']}" if r["error"] else "") + f" ({r['run_dir']})" for r in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -425,7 +430,8 @@ def plot(result: dict[str, Any], out: Path, name: str) -> Path:
     ax.set_xlim(-0.08 * span, 1.08 * span)
     ax.set_xlabel("real transitions learned from (offline + online)")
     ax.set_ylabel("held-out real success rate")
-    ax.legend(fontsize=7, loc="best")
+    if ax.get_legend_handles_labels()[0]:  # a study with no finished arm-seed has nothing to label yet
+        ax.legend(fontsize=7, loc="best")
     bx.set_xticks(range(len(arms)), [arm for arm, _ in arms], rotation=30, ha="right", fontsize=8)
     fig.suptitle(f"Study {name}: held-out real success (mean over seeds, 95% t-interval)")
     fig.tight_layout()
