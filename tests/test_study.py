@@ -290,6 +290,22 @@ def test_an_arm_seed_started_but_not_finished_is_reported_as_such_by_its_folder(
     assert str(tmp_path) not in table
 
 
+def test_resume_overrides_apply_to_that_invocation_and_leave_the_design_alone(tmp_path: Path) -> None:
+    import argparse
+
+    from dreamgym.commands.study import _open
+    from dreamgym.config import save_config
+
+    study = tmp_path / "study-x"
+    study.mkdir()
+    save_config(load_config(None, {"study": {"name": "x", "seeds": 3}}), study / "study.yaml")
+    before = (study / "study.yaml").read_text()
+    args = argparse.Namespace(resume=str(study), config=None)
+    cfg, d = _open(args, ["--study.seeds", "1", "--policy.engine.omp_threads", "2"])
+    assert d == study and cfg.study.seeds == [0] and cfg.policy.engine.omp_threads == 2
+    assert (study / "study.yaml").read_text() == before  # a later --resume still runs 3 seeds
+
+
 def test_report_and_resume_need_a_study_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["study", "--report", str(tmp_path)]) == 2
     assert main(["study", "--resume", str(tmp_path)]) == 2

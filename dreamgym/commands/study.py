@@ -229,8 +229,10 @@ def _study_dir(flag: str, path: str) -> Path:
 def _open(args: argparse.Namespace, overrides: list[str]) -> tuple[DreamGymConfig, Path]:
     if args.resume:
         d = _study_dir("--resume", args.resume)
+        # Overrides apply to this invocation: the arm-seeds it starts keep them in their own config.yaml. study.yaml,
+        # the study's design, stays as it was, so a --study.seeds 1 given to run one seed now does not shrink the
+        # study for every later --resume (or for an export).
         cfg = load_config(d / STUDY_CONFIG, overrides)
-        save_config(cfg, d / STUDY_CONFIG)  # overrides (e.g. more seeds) apply to arm-seeds not started yet
         return cfg, d
     from dreamgym.commands.train import default_train_config
 
