@@ -55,6 +55,7 @@ def test_engine_rendezvous_is_bounded_and_names_the_engine() -> None:
 
     class Policy:
         llm = StuckLLM()
+        transfer_backend = "nccl"
 
     engine = PolicyEngine.__new__(PolicyEngine)
     engine.name, engine.policy, engine.gate = "policy-engine-1", Policy(), UpdateGate("policy-engine-1")

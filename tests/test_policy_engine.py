@@ -235,7 +235,8 @@ def test_a_weight_update_is_atomic_with_respect_to_generation(engine, word_model
     sync.push(old.items(), version=503)
     around += [engine.act.remote(TURNS, **greedy) for _ in range(3)]
     assert {answer(r) for r in around} <= {(502, all_new[1]), (503, all_old[1])}
-    assert ray.get(engine.info.remote())["gate"] == {"open": None, "generating": 0, "incomplete": None}
+    assert ray.get(engine.info.remote())["gate"] == {"open": None, "generating": 0, "incomplete": None,
+                                                      "asleep": None}
 
 
 @pytest.mark.slow
