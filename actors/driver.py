@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -315,16 +316,22 @@ class Run:
                 raise self.fault(f"{what} failed: an actor it called died ({type(e.cause).__name__})") from None
             raise  # a bug, not a fault: its traceback is what a maintainer needs
 
-    def sleep_engines(self, log: IterationLog) -> bool:
-        """Put the policy engines to sleep for the learner step (``train.sleep_engines``: on one GPU shared with
-        the learner, the step needs the memory their weights and KV cache hold). False when off."""
+    @contextmanager
+    def engines_asleep(self, log: IterationLog) -> Iterator[bool]:
+        """The policy engines asleep for the learner's steps inside the block (``train.sleep_engines``: on one GPU
+        shared with the learner, a step needs the memory their weights and KV cache hold), everything woken when it
+        ends, also on an error. Yields whether they sleep (False when off)."""
         if not sleeps_engines(self.cfg):
-            return False
+            yield False
+            return
         with log.timed("sleep"):
             timeout = self.cfg.learner.sync_timeout_s
             for i, e in enumerate(self.a.engines):
                 self.remote(e.sleep.remote(1, timeout), f"putting policy engine {i} to sleep", "engine")
-        return True
+        try:
+            yield True
+        finally:
+            self.wake_engines(log, None)
 
     def wake_engines(self, log: IterationLog, tags: list[str] | None) -> None:
         """Wake what ``tags`` names in every policy engine (``None``: everything; awake engines ignore it)."""
@@ -459,8 +466,7 @@ class Run:
                                           iteration=launched.iteration)
             except ReplayTimeoutError as e:  # a shard stuck or not back in time: like a dead learner
                 raise self.fault(str(e)) from None
-        asleep = self.sleep_engines(log)
-        try:
+        with self.engines_asleep(log) as asleep:
             with log.timed("learner"):
                 lm = self.remote(self.a.learner.step.remote(fresh), "the learner step")
             sync: dict[str, Any] = {}
@@ -471,9 +477,6 @@ class Run:
                 with log.timed("sync"):
                     sync = self.remote(self.a.learner.sync.remote(self.a.engines), f"the weight sync of "
                                        f"v{int(lm['version'])} to {len(self.a.engines)} policy engine(s)")
-        finally:
-            if asleep:
-                self.wake_engines(log, None)
         # Earlier rounds were recorded as they ended.
         cm = self.remote(self.a.curriculum.step.remote(got.unrecorded), "the curriculum step", "curriculum")
         st.iteration = launched.iteration + 1
@@ -634,14 +637,9 @@ class Run:
         st.add_phase("setup", time.perf_counter() - t0)
         if gold is not None:
             t0 = time.perf_counter()
-            setup_log = IterationLog(st)
-            asleep = self.sleep_engines(setup_log)  # cloning steps the learner as RL does
-            try:
+            with self.engines_asleep(IterationLog(st)):  # cloning steps the learner as RL does
                 warm_start(cfg, self.a, gold, lambda m: self.say(m, "warm-start"),
                            lambda m: self.record("warm_start", 0, **m), get=self.remote)
-            finally:
-                if asleep:
-                    self.wake_engines(setup_log, None)
             st.warm_started = True
             st.add_phase("warm_start", time.perf_counter() - t0)
         if self.a.learner is not None and int(self.remote(self.a.learner.version.remote(),
