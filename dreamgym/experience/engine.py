@@ -120,6 +120,10 @@ class AsyncEngine:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        from dreamgym.vllm_engine import freeze_import_garbage
+
+        freeze_import_garbage()
+
         kw: dict[str, Any] = {}
         if self.opts.device == "cuda":
             kw["gpu_memory_utilization"] = self.opts.gpu_memory_utilization

