@@ -44,7 +44,7 @@ import torch
 from bench_replay import load_unique
 
 from dreamgym.hardware import native_bf16
-from dreamgym.replay.encoder import Encoder, normalise
+from dreamgym.replay.encoder import default_model_dir, normalise
 from dreamgym.replay.records import phi_text
 
 K = 8
@@ -124,7 +124,9 @@ def main() -> None:
     if len(store) < 100 or len(held) < 20:
         sys.exit(f"too little data: {len(store)} distinct store texts, {len(held)} held-out ones not in the "
                  "store (collect more episodes, see the docstring)")
-    reference = Encoder(dtype="float32", cache_size=0)._load()
+    from sentence_transformers import SentenceTransformer  # the variants below quantise its modules
+
+    reference = SentenceTransformer(str(default_model_dir()), device="cpu")
     tokens = [len(ids) for ids in reference.tokenizer(store)["input_ids"]]
     log(f"{len(store)} store texts (mean {np.mean(tokens):.0f} word pieces, max {max(tokens)}), {len(held)} queries")
     lengths = [int(x) for x in args.lengths.split(",") if x]

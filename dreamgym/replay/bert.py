@@ -78,6 +78,7 @@ class PlainBertEncoder:
         from tokenizers import Tokenizer
 
         self.layout = layout
+        self.max_seq_length = layout.max_tokens
         self.device = device
         self.dtype = getattr(torch, dtype)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))

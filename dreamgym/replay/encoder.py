@@ -75,6 +75,7 @@ class _SentenceTransformerEncoder:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self.max_seq_length = int(model.max_seq_length)
 
     def embedding_dimension(self) -> int:
         get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
