@@ -55,15 +55,24 @@ def engine_env(device: str = "cpu", omp_threads: int = 2, enforce_eager: bool = 
     return env
 
 
+_UNFREEZE_AT_EXIT = False
+
+
 def freeze_import_garbage() -> None:
     """Move every object alive now to the collector's permanent generation; call it right after importing vLLM.
 
     vLLM calls ``gc.collect()`` several times while an engine starts, and each call walks the million-odd objects
     its imports created: 2.5 s of a 4 s engine start on this 2-core machine. Frozen, those objects (modules,
     classes, functions, which live as long as the process anyway) are skipped; what the engine allocates later is
-    collected as before."""
+    collected as before. At exit they are unfrozen, so the interpreter's last collection still finalises them
+    (extension modules such as nanobind report instances left alive then as leaks)."""
+    import atexit
     import gc
 
+    global _UNFREEZE_AT_EXIT
+    if not _UNFREEZE_AT_EXIT:
+        atexit.register(gc.unfreeze)
+        _UNFREEZE_AT_EXIT = True
     gc.freeze()
 
 
