@@ -55,7 +55,12 @@ def engine_env(device: str = "cpu", omp_threads: int = 2, enforce_eager: bool = 
     return env
 
 
-_UNFREEZE_AT_EXIT = False
+@functools.cache
+def _unfreeze_at_exit() -> None:
+    import atexit
+    import gc
+
+    atexit.register(gc.unfreeze)
 
 
 def freeze_import_garbage() -> None:
@@ -66,13 +71,9 @@ def freeze_import_garbage() -> None:
     classes, functions, which live as long as the process anyway) are skipped; what the engine allocates later is
     collected as before. At exit they are unfrozen, so the interpreter's last collection still finalises them
     (extension modules such as nanobind report instances left alive then as leaks)."""
-    import atexit
     import gc
 
-    global _UNFREEZE_AT_EXIT
-    if not _UNFREEZE_AT_EXIT:
-        atexit.register(gc.unfreeze)
-        _UNFREEZE_AT_EXIT = True
+    _unfreeze_at_exit()
     gc.freeze()
 
 

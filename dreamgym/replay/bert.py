@@ -36,20 +36,32 @@ class BertLayout:
     max_tokens: int
 
 
-def plain_bert_layout(folder: Path) -> BertLayout | None:
-    """The layout of ``folder`` when it is BERT -> one supported pooling (-> Normalize) with safetensors weights
-    and a fast tokenizer; None for anything else (another architecture, several pooling modes, a Dense head)."""
+def single_pooling(folder: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]] | None:
+    """``(modules, pooling mode, pooling config)`` of a sentence-transformers folder laid out as Transformer ->
+    Pooling (-> Normalize) with exactly one pooling mode; None for any other layout (several modes are concatenated,
+    a Dense head, ...) or an unreadable one."""
     try:
         modules = json.loads((folder / "modules.json").read_text())
         kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
         if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
             return None
-        if modules[0].get("path", "") != "":
-            return None
         pooling_cfg = json.loads((folder / modules[1]["path"] / "config.json").read_text())
         modes = [k for k, v in pooling_cfg.items() if k.startswith("pooling_mode_") and v]
-        if len(modes) != 1 or modes[0] not in POOLING_MODES:
-            return None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return (modules, modes[0], pooling_cfg) if len(modes) == 1 else None
+
+
+def plain_bert_layout(folder: Path) -> BertLayout | None:
+    """The layout of ``folder`` when it is BERT -> one supported pooling (-> Normalize) with safetensors weights
+    and a fast tokenizer; None for anything else (another architecture, several pooling modes, a Dense head)."""
+    found = single_pooling(folder)
+    if found is None:
+        return None
+    modules, mode, _ = found
+    if mode not in POOLING_MODES or modules[0].get("path", "") != "":
+        return None
+    try:
         cfg = json.loads((folder / "config.json").read_text())
         if cfg.get("model_type") != "bert" or cfg.get("hidden_act") != "gelu" \
                 or cfg.get("position_embedding_type", "absolute") != "absolute":
@@ -64,7 +76,7 @@ def plain_bert_layout(folder: Path) -> BertLayout | None:
                          int(cfg["max_position_embeddings"]))
         return BertLayout(hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]),
                           heads=int(cfg["num_attention_heads"]), eps=float(cfg["layer_norm_eps"]),
-                          pooling=POOLING_MODES[modes[0]], max_tokens=max_tokens)
+                          pooling=POOLING_MODES[mode], max_tokens=max_tokens)
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
 

@@ -12,7 +12,6 @@ never imports torch.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dreamgym.errors import ReplayError
-from dreamgym.replay.bert import PlainBertEncoder, plain_bert_layout
+from dreamgym.replay.bert import PlainBertEncoder, plain_bert_layout, single_pooling
 from dreamgym.replay.records import phi_text
 
 #: Name recorded for the packaged default model (snapshots and layouts remember which encoder made them).
@@ -56,16 +55,10 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
 
 def _pooled_dim(folder: Path) -> int | None:
     """The output size of a Transformer -> Pooling (-> Normalize) model, or None for other layouts."""
+    found = single_pooling(folder)
     try:
-        modules = json.loads((folder / "modules.json").read_text())
-        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
-        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-            return None
-        pooling = json.loads((folder / modules[1]["path"] / "config.json").read_text())
-        if sum(bool(v) for k, v in pooling.items() if k.startswith("pooling_mode_")) != 1:
-            return None  # several pooling modes are concatenated
-        return int(pooling["word_embedding_dimension"])
-    except (OSError, ValueError, KeyError, IndexError):
+        return int(found[2]["word_embedding_dimension"]) if found else None
+    except (KeyError, TypeError, ValueError):
         return None
 
 
