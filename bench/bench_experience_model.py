@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import emit
+
 from dreamgym.config import EngineConfig, ExperienceModelConfig
 from dreamgym.experience.client import ExperienceClient
 from dreamgym.experience.engine import engine_env
@@ -243,10 +245,7 @@ def main() -> None:
         for k in ("replicas_1", "replicas_2", "http_raw", "http"):
             if k in result:
                 result[k]["vs_raw"] = round(result[k]["transitions_per_s"] / raw, 3)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

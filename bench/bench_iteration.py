@@ -47,6 +47,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchlib import write_result
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the figures of this tree's dreamgym, whatever the caller's path
 
@@ -278,15 +280,6 @@ def baseline_tree(commit: str, work: Path) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False,
                        capture_output=True)
 
-
-def write_result(out: dict[str, Any], name: str, path: str | None = None) -> Path:
-    """Print ``out`` as JSON and write it to ``path`` (default ``bench/results/<name>-<host>-<date>.json``)."""
-    target = Path(path) if path else REPO / "bench" / "results" / (
-        f"{name}-{socket.gethostname()}-{dt.date.today().isoformat()}.json")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
-    return target
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ Both ways must give the same log-probs on the needed entries (checked; the large
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib import emit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -106,10 +107,7 @@ def main() -> None:
         "experience": compare(model, "experience", 1, args.em_prompt, args.em_reply, args.repeats),
         "load_average_end": os.getloadavg(),
     }
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

@@ -30,18 +30,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from bench_replay import load_unique
+from benchlib import emit
 
 from dreamgym.hardware import native_bf16
 from dreamgym.replay.encoder import default_model_dir, normalise
@@ -160,10 +159,7 @@ def main() -> None:
             **recall(vectors[name], q, ref_store, ref_queries, args.near),
         }
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

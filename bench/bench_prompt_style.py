@@ -24,7 +24,7 @@ import socket
 import time
 from typing import Any
 
-from bench_iteration import write_result
+from benchlib import write_result
 
 
 def learner_tokens(trajectories: list[Any]) -> dict[str, float]:

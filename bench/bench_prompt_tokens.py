@@ -20,13 +20,14 @@ No engine runs (the tokenizer only): a second or two of CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import emit
 
 from dreamgym.config import load_config
 from dreamgym.experience.annotate import demonstration_evidence, template_rationale
@@ -104,10 +105,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
     out = measure(Path(args.data), args.config, args.limit)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

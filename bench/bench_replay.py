@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import emit
 
 from dreamgym.config import ReplayConfig
 from dreamgym.data.transitions import iter_batches
@@ -344,10 +345,7 @@ def main() -> None:
     import ray
 
     ray.shutdown()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import random
 import shlex
 import socket
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from benchlib import machine
 
 from dreamgym.collect import collect_range
 from dreamgym.config import DreamGymConfig, EnvConfig, deep_merge, parse_overrides, validate_config
@@ -123,12 +122,6 @@ def start_server(data: Path, cfg: DreamGymConfig, log: Path,
         time.sleep(0.2)
     return proc, url
 
-
-def machine() -> dict[str, Any]:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    return {"cpu": model or platform.processor(), "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in info,
-            "python": platform.python_version()}
 
 
 def main() -> None:

@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_iteration import DEFAULT_CONFIG, REPO, baseline_tree, write_result
+from bench_iteration import DEFAULT_CONFIG, REPO, baseline_tree
+from benchlib import write_result
 
 T0 = time.perf_counter()
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench_iteration import write_result
+from benchlib import write_result
 
 
 def windowed_act(policy_cfg: Any, tokenizer: Any, seed: int) -> Any:

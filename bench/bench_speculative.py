@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_experience_model import _batches
+from benchlib import emit
 
 from dreamgym.config import EngineConfig, ExperienceModelConfig
 from dreamgym.experience.accounting import InvalidAccounting
@@ -108,10 +109,7 @@ def main() -> None:
     out = {"bench": "speculative", "model": args.model, "data": args.data, "queries": args.queries,
            "concurrency": args.concurrency, "max_tokens": args.max_tokens, "results": results,
            "speedup_vs_first": [round(results[0]["seconds"] / r["seconds"], 3) for r in results]}
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

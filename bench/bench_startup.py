@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_serve_synthetic import machine
+from benchlib import emit, machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,10 +96,7 @@ def main() -> None:
         "ratios": {"encoder_load_wall": encoder["ratio_wall"], "encoder_load_cpu": encoder["ratio_cpu"],
                    "engine_start_wall": engine["ratio_wall"], "engine_start_cpu": engine["ratio_cpu"]},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchlib import emit, machine
+
 REPO = Path(__file__).resolve().parents[1]
 LOG_ENV = "BENCH_SUITE_LOG"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -95,8 +97,6 @@ def main() -> None:
     ap.add_argument("--note", default="", help="what else the JSON should say about this run")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
-    from bench_serve_synthetic import machine
-
     cores = os.cpu_count() or 1
     load0 = [round(x, 2) for x in os.getloadavg()]
     run: dict[str, Any]
@@ -130,10 +130,7 @@ def main() -> None:
         **({"note": args.note} if args.note else {}),
         **summarise(rows, cores),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

@@ -16,23 +16,16 @@ import argparse
 import datetime
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
+from benchlib import machine
+
 from dreamgym.config import load_config
-from dreamgym.hardware import cpu_flags
 
 CONFIG = "configs/study-cpu.yaml"
 ROOMS = (3, 5)
 
-
-def machine() -> dict[str, Any]:
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else ""
-    flags = cpu_flags()
-    return {"cpu": name, "cpus": os.cpu_count(), "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
-            "avx512_bf16": "avx512_bf16" in flags, "python": platform.python_version()}
 
 
 def setting(d: Path, rooms: int) -> dict[str, Any]:

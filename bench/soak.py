@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_iteration import REPO, write_result
+from bench_iteration import REPO
+from benchlib import write_result
 
 #: The kill cycle: the Ray actor class names of the parts a fault may take out.
 KILL_CYCLE = ("RolloutWorker", "ExperienceModelReplica", "ReplayShard", "PolicyEngine")
