@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchlib import write_result
+from benchlib import load_average, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the figures of this tree's dreamgym, whatever the caller's path
@@ -191,7 +191,7 @@ def measure(tree: Path, label: str, variants: list[str], extra: list[str], out_d
         # a figure taken beside other work is noise: the load averages (1, 5, 15 min) say whether it was
         result[v] = {**summarize(run_dir), "run_seconds": round(time.perf_counter() - t0, 1),
                      "load_average_before": [round(x, 2) for x in load_before],
-                     "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+                     "load_average_after": load_average()}
     return result
 
 

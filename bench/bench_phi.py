@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from bench_replay import load_unique
-from benchlib import emit
+from benchlib import emit, load_average
 
 from dreamgym.hardware import native_bf16
 from dreamgym.replay.encoder import default_model_dir, normalise
@@ -158,7 +158,7 @@ def main() -> None:
             "texts_per_s": round(rate, 1), "vs_fp32": round(rate / base_rate, 2), "max_word_pieces": n,
             **recall(vectors[name], q, ref_store, ref_queries, args.near),
         }
-    result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["loadavg_at_end"] = load_average()
     emit(result, args.out, indent=2)
 
 

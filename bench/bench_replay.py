@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import emit
+from benchlib import emit, load_average
 
 from dreamgym.config import ReplayConfig
 from dreamgym.data.transitions import iter_batches
@@ -341,7 +341,7 @@ def main() -> None:
         qv = [hvecs[i:i + 1] for i in range(min(args.queries, len(hvecs)))]
         for n in sorted(args.sizes):
             result[f"n_{n}"]["ray"] = bench_ray(n, ts[:n], vecs[:n], held, qv, tmp, args.shards)
-    result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["loadavg_at_end"] = load_average()
     import ray
 
     ray.shutdown()

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_iteration import DEFAULT_CONFIG, REPO, baseline_tree
-from benchlib import write_result
+from benchlib import load_average, write_result
 
 T0 = time.perf_counter()
 
@@ -154,7 +154,7 @@ def measure(tree: Path, label: str, data: Path, steps: int, work: Path, timeout_
                             check=False).stdout.strip()
     return {"commit": commit, **json.loads(result.read_text()), "model": str(out),
             "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+            "load_average_after": load_average()}
 
 
 def weight_gap(a: Path, b: Path) -> dict[str, float]:

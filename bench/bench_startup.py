@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, machine
+from benchlib import emit, load_average, machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
-    load0 = [round(x, 2) for x in os.getloadavg()]
+    load0 = load_average()
     print("encoder load", file=sys.stderr)
     encoder = compare(ENCODER, args.rounds)
     print("engine start", file=sys.stderr)
@@ -91,7 +91,7 @@ def main() -> None:
     result = {
         "benchmark": "process start-up: replay encoder load and policy-engine start, old vs new",
         "date": datetime.date.today().isoformat(), "machine": machine(), "rounds": args.rounds,
-        "load_average_start": load0, "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "load_average_start": load0, "load_average_end": load_average(),
         "encoder_load": encoder, "engine_start": engine,
         "ratios": {"encoder_load_wall": encoder["ratio_wall"], "encoder_load_cpu": encoder["ratio_cpu"],
                    "engine_start_wall": engine["ratio_wall"], "engine_start_cpu": engine["ratio_cpu"]},

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, machine
+from benchlib import emit, load_average, machine
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_ENV = "BENCH_SUITE_LOG"
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
-    load0 = [round(x, 2) for x in os.getloadavg()]
+    load0 = load_average()
     run: dict[str, Any]
     if args.from_log:
         rows = read_log(args.from_log)
@@ -126,7 +126,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(), "machine": machine(), **run,
         # a log recorded before says nothing about the load now: its run's load goes in --note
         **({} if args.from_log else {"load_average_start": load0,
-                                     "load_average_end": [round(x, 2) for x in os.getloadavg()]}),
+                                     "load_average_end": load_average()}),
         **({"note": args.note} if args.note else {}),
         **summarise(rows, cores),
     }

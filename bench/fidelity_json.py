@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine
+from benchlib import load_average, machine
 
 from dreamgym.config import load_config
 
@@ -76,7 +75,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "load_average": {"start": [float(x) for x in start.read_text().split()[:3]] if start.is_file() else None,
-                         "end": [round(x, 2) for x in os.getloadavg()]},
+                         "end": load_average()},
         "seeds": {"run": cfg.run.seed, "engine": cfg.experience_model.engine.seed,
                   "offline": "train split, task seeds 0-99, collect.policy mixed (gold_fraction 0.5)",
                   "heldout": "test split, task seeds 0-29", "eval_sample": f"random.Random({cfg.run.seed})"},
